@@ -1,0 +1,31 @@
+# Set-up-and-go targets. Each bootstraps .venv when it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv run test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	# torch first, pinned, so that nothing below pulls a different (much larger) build
+	$(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+run: venv
+	$(VENV)/bin/gridsampler3d run --out out/run
+
+test: venv
+	$(PY) -m pytest -q tests
+
+bench: venv
+	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

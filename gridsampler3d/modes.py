@@ -1,0 +1,104 @@
+"""Attribute enums and their aliases.
+
+Every attribute is normalised here, once, at the API edge. Below the API only these
+enums (which are ``int`` subclasses carrying the aclnn integer codes) travel.
+"""
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Interpolation", "Padding", "DataFormat", "parse_interpolation", "parse_padding",
+           "parse_data_format", "parse_align_corners", "parse_output_mask"]
+
+
+class Interpolation(enum.IntEnum):
+    """Interpolation mode; the values are the aclnn integer codes."""
+
+    BILINEAR = 0  # trilinear in 3-D: 8 taps
+    NEAREST = 1
+    BICUBIC = 2  # tricubic in 3-D: 64 taps
+
+
+class Padding(enum.IntEnum):
+    """Padding mode; the values are the aclnn integer codes."""
+
+    ZEROS = 0
+    BORDER = 1
+    REFLECTION = 2
+
+
+class DataFormat(str, enum.Enum):
+    """Layout of ``grad``, ``input`` and ``dx`` (the grid is always ``(N, Do, Ho, Wo, 3)``)."""
+
+    NCDHW = "NCDHW"
+    NDHWC = "NDHWC"
+
+
+def _parse_enum(value, enum_type, what: str):
+    names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be one of {names}; got the bool {value!r}")
+    if isinstance(value, str):
+        try:
+            return enum_type[value.strip().upper()]
+        except KeyError:
+            raise ValueError(f"{what} must be one of {names}; got {value!r}") from None
+    if isinstance(value, int) or _is_integer_scalar(value):
+        try:
+            return enum_type(int(value))
+        except ValueError:
+            raise ValueError(f"{what} must be one of {names}; got {value!r}") from None
+    raise TypeError(f"{what} must be a str or an int ({names}); got {type(value).__name__} {value!r}")
+
+
+def _is_integer_scalar(value) -> bool:
+    # NumPy integer scalars (np.int64(1)) are as good as Python ints here.
+    return hasattr(value, "dtype") and getattr(value, "shape", None) == () and value.dtype.kind in "iu"
+
+
+def parse_interpolation(value) -> Interpolation:
+    """``"bilinear"``/0, ``"nearest"``/1, ``"bicubic"``/2 → :class:`Interpolation`."""
+    return _parse_enum(value, Interpolation, "interpolation_mode")
+
+
+def parse_padding(value) -> Padding:
+    """``"zeros"``/0, ``"border"``/1, ``"reflection"``/2 → :class:`Padding`."""
+    return _parse_enum(value, Padding, "padding_mode")
+
+
+def parse_data_format(value) -> DataFormat:
+    """``"NCDHW"`` or ``"NDHWC"`` (case-insensitive) → :class:`DataFormat`."""
+    if isinstance(value, DataFormat):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"data_format must be the str 'NCDHW' or 'NDHWC'; got {type(value).__name__} {value!r}")
+    try:
+        return DataFormat(value.strip().upper())
+    except ValueError:
+        raise ValueError(f"data_format must be 'NCDHW' or 'NDHWC'; got {value!r}") from None
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or (hasattr(value, "dtype") and getattr(value, "shape", None) == ()
+                                       and value.dtype.kind == "b")
+
+
+def parse_align_corners(value) -> bool:
+    """A Python or NumPy bool → ``bool``; anything else is a ``TypeError``."""
+    if not _is_bool(value):
+        raise TypeError(f"align_corners must be a bool; got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def parse_output_mask(value) -> tuple[bool, bool]:
+    """A pair of bools (compute dx, compute dgrid) → ``tuple[bool, bool]``."""
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise TypeError(f"output_mask must be a pair of bools (dx, dgrid); got {type(value).__name__} "
+                        f"{value!r}") from None
+    if len(items) != 2 or not all(_is_bool(item) for item in items):
+        raise TypeError(f"output_mask must be a pair of bools (dx, dgrid); got {value!r}")
+    return bool(items[0]), bool(items[1])

@@ -1,0 +1,113 @@
+"""Input checks for the public API (SPEC.md section 6).
+
+Each check raises one ``TypeError`` or ``ValueError`` whose message names the tensor, the
+expected value and the actual one. Inputs may be torch tensors or NumPy arrays; the
+checks see them through :func:`as_tensor`, which never copies a tensor.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .modes import DataFormat
+
+__all__ = ["as_tensor", "check_forward", "check_backward", "check_deterministic", "FLOAT_DTYPES"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NUMPY_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def as_tensor(value, name: str) -> torch.Tensor:
+    """A torch tensor as is, or a NumPy float array as a tensor sharing its memory."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.type not in _NUMPY_FLOATS:
+            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64 for NumPy "
+                            f"arrays); got {value.dtype}")
+        try:
+            return torch.from_numpy(value)
+        except ValueError:
+            # torch cannot view negative strides: take a copy instead.
+            return torch.from_numpy(np.ascontiguousarray(value))
+    raise TypeError(f"{name} must be a torch.Tensor or a numpy.ndarray; got {type(value).__name__}")
+
+
+def _check_dtype(tensor: torch.Tensor, name: str) -> None:
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64; got {tensor.dtype}")
+
+
+def _check_5d(tensor: torch.Tensor, name: str, layout: str) -> None:
+    if tensor.dim() != 5:
+        raise ValueError(f"{name} must be 5-D {layout}; got {tensor.dim()}-D with shape {tuple(tensor.shape)}")
+
+
+def _check_same(tensors: dict[str, torch.Tensor]) -> None:
+    names = list(tensors)
+    first = tensors[names[0]]
+    for name in names[1:]:
+        other = tensors[name]
+        if other.dtype != first.dtype:
+            raise TypeError(f"{name} must have the same dtype as {names[0]} ({first.dtype}); got {other.dtype}")
+        if other.device != first.device:
+            raise ValueError(f"{name} must be on the same device as {names[0]} ({first.device}); "
+                             f"got {other.device}")
+
+
+def _split_layout(shape, data_format: DataFormat):
+    """(N, C, (D, H, W)) of a 5-D shape in the given layout."""
+    if data_format == DataFormat.NCDHW:
+        return shape[0], shape[1], tuple(shape[2:])
+    return shape[0], shape[4], tuple(shape[1:4])
+
+
+def _check_input_and_grid(input: torch.Tensor, grid: torch.Tensor, data_format: DataFormat) -> None:
+    layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
+    _check_5d(input, "input", layout)
+    _check_5d(grid, "grid", "(N, Do, Ho, Wo, 3)")
+    if grid.shape[-1] != 3:
+        raise ValueError(f"grid's last dimension must be 3 (x, y, z); got shape {tuple(grid.shape)}")
+    batch, _, spatial = _split_layout(input.shape, data_format)
+    if grid.shape[0] != batch:
+        raise ValueError(f"grid's batch size N must equal input's ({batch}); got {grid.shape[0]}")
+    if 0 in spatial:
+        raise ValueError(f"input's spatial sizes (D, H, W) must be non-zero; got {spatial}")
+
+
+def check_forward(input, grid, data_format: DataFormat):
+    """Validate forward operands; returns them as tensors ``(input, grid)``."""
+    input, grid = as_tensor(input, "input"), as_tensor(grid, "grid")
+    for tensor, name in ((input, "input"), (grid, "grid")):
+        _check_dtype(tensor, name)
+    _check_same({"input": input, "grid": grid})
+    _check_input_and_grid(input, grid, data_format)
+    return input, grid
+
+
+def check_backward(grad, input, grid, data_format: DataFormat):
+    """Validate backward operands; returns them as tensors ``(grad, input, grid)``."""
+    grad, input, grid = as_tensor(grad, "grad"), as_tensor(input, "input"), as_tensor(grid, "grid")
+    for tensor, name in ((grad, "grad"), (input, "input"), (grid, "grid")):
+        _check_dtype(tensor, name)
+    _check_same({"input": input, "grad": grad, "grid": grid})
+    _check_input_and_grid(input, grid, data_format)
+    layout = "(N, C, Do, Ho, Wo)" if data_format == DataFormat.NCDHW else "(N, Do, Ho, Wo, C)"
+    _check_5d(grad, "grad", layout)
+    grad_batch, grad_channels, grad_spatial = _split_layout(grad.shape, data_format)
+    _, channels, _ = _split_layout(input.shape, data_format)
+    if grad_batch != input.shape[0]:
+        raise ValueError(f"grad's batch size N must equal input's ({input.shape[0]}); got {grad_batch}")
+    if grad_channels != channels:
+        raise ValueError(f"grad's channel count C must equal input's ({channels}); got {grad_channels}")
+    if grad_spatial != tuple(grid.shape[1:4]):
+        raise ValueError(f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; "
+                         f"got {grad_spatial}")
+    return grad, input, grid
+
+
+def check_deterministic(value) -> bool | None:
+    """``deterministic`` is None (follow torch's flag) or a bool."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"deterministic must be None or a bool; got {type(value).__name__} {value!r}")
