@@ -74,7 +74,7 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
     batch, channels = x.shape[:2]
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
     if x.numel() == 0 or grid.numel() == 0:
-        y = torch.zeros(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
+        y = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
     else:
         y = engine.forward(x, grid, interpolation, padding, align_corners)
     return _like_caller(_from_ncdhw(y, data_format), caller_input)

@@ -107,13 +107,15 @@ class Taps(NamedTuple):
     """The taps of P sample points, T taps each.
 
     offset (P, T) int64 linear voxel offsets (0 where invalid); valid (P, T) bool;
-    weight (P, T); weight_grad (P, T, 3): d weight / d index along (x, y, z).
+    weight (P, T) = wx * wy * wz; axis_weight (P, T, 3) = (wx, wy, wz); axis_sign (T, 3):
+    the sign of d weight / d index along (x, y, z) for each tap.
     """
 
     offset: np.ndarray
     valid: np.ndarray
     weight: np.ndarray
-    weight_grad: np.ndarray
+    axis_weight: np.ndarray
+    axis_sign: np.ndarray
 
 
 def _voxel_taps(corners, sizes) -> tuple[np.ndarray, np.ndarray]:
@@ -131,28 +133,26 @@ def _bilinear_taps(index, sizes) -> Taps:
     weight_high = index - low
     weight_low = (low + 1) - index
     low = low.astype(np.int64)
-    offsets, valids, weights, weight_grads = [], [], [], []
+    offsets, valids, axis_weights, axis_signs = [], [], [], []
     for dz in (0, 1):
         for dy in (0, 1):
             for dx in (0, 1):
                 step = np.array([dx, dy, dz])
                 offset, valid = _voxel_taps(low + step, sizes)
-                axis_weight = np.where(step == 1, weight_high, weight_low)  # (P, 3)
-                axis_sign = np.where(step == 1, 1.0, -1.0)
-                wx, wy, wz = axis_weight[:, 0], axis_weight[:, 1], axis_weight[:, 2]
                 offsets.append(offset)
                 valids.append(valid)
-                weights.append(wx * wy * wz)
-                weight_grads.append(np.stack([wy * wz, wx * wz, wx * wy], axis=-1) * axis_sign)
-    return Taps(np.stack(offsets, 1), np.stack(valids, 1), np.stack(weights, 1),
-                np.stack(weight_grads, 1))
+                axis_weights.append(np.where(step == 1, weight_high, weight_low))
+                axis_signs.append(np.where(step == 1, 1.0, -1.0))
+    axis_weight = np.stack(axis_weights, 1)
+    weight = axis_weight[..., 0] * axis_weight[..., 1] * axis_weight[..., 2]
+    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_signs))
 
 
 def _nearest_taps(index, sizes) -> Taps:
     """One tap at the nearest voxel, ties to even (C ``nearbyint``)."""
     offset, valid = _voxel_taps(np.rint(index).astype(np.int64), sizes)
     points = index.shape[0]
-    return Taps(offset[:, None], valid[:, None], np.ones((points, 1)), np.zeros((points, 1, 3)))
+    return Taps(offset[:, None], valid[:, None], np.ones((points, 1)), np.ones((points, 1, 3)), np.zeros((1, 3)))
 
 
 def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward):
@@ -211,14 +211,27 @@ def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Pad
             if want_dx:
                 dx[n] = _scatter_dx(grad_n, taps, voxels).reshape(x.shape[1:])
             if want_dgrid and interpolation != Interpolation.NEAREST:
-                values = x[n].reshape(channels, voxels)
-                grad_index = np.zeros(multiplier.shape)
-                for t in range(taps.offset.shape[1]):
-                    contracted = np.einsum("cp,cp->p", values[:, taps.offset[:, t]], grad_n)
-                    contracted = np.where(taps.valid[:, t], contracted, 0.0)
-                    grad_index += contracted[:, None] * taps.weight_grad[:, t]
+                grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, voxels), taps)
                 dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
     return dx, dgrid
+
+
+def _contract_grid_gradient(grad_n, values, taps: Taps):
+    """d loss / d index (P, 3): sum over channels and taps of ±x_tap * grad * the other two weights.
+
+    Channels outermost, taps inside, each term as ((x_tap * w_a) * w_b) * grad: PyTorch's
+    order, so that float64 results are bitwise equal to it.
+    """
+    grad_index = np.zeros((taps.offset.shape[0], 3))
+    other_axes = ((1, 2), (0, 2), (0, 1))
+    for channel in range(grad_n.shape[0]):
+        for t in range(taps.offset.shape[1]):
+            tap_values = values[channel, taps.offset[:, t]]
+            for axis, (a, b) in enumerate(other_axes):
+                term = tap_values * taps.axis_weight[:, t, a] * taps.axis_weight[:, t, b] * grad_n[channel]
+                signed = term if taps.axis_sign[t, axis] > 0 else -term
+                grad_index[:, axis] += np.where(taps.valid[:, t], signed, 0.0)
+    return grad_index
 
 
 def _scatter_dx(grad_n, taps: Taps, voxels: int):

@@ -1,0 +1,142 @@
+"""The public API on odd shapes, odd values and odd layouts, against the golden."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gridsampler3d as gs
+from helpers import MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
+
+SHAPES = {  # N, C, (Di, Hi, Wi), (Do, Ho, Wo)
+    "all-ones": (1, 1, (1, 1, 1), (1, 1, 1)),
+    "unit-depth": (2, 2, (1, 5, 4), (3, 2, 3)),
+    "unit-height": (1, 3, (3, 1, 4), (2, 3, 2)),
+    "unit-width": (1, 2, (4, 3, 1), (2, 2, 5)),
+    "primes": (3, 5, (7, 11, 13), (5, 3, 7)),
+    "upsample": (1, 2, (3, 4, 5), (9, 8, 7)),
+    "many-channels": (1, 257, (3, 4, 2), (2, 3, 2)),
+    "batch-4": (4, 1, (2, 3, 2), (1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_odd_shapes(attributes, shape, cpu_backend):
+    batch, channels, in_size, out_size = SHAPES[shape]
+    mode, padding, align_corners = attributes
+    for dtype in (torch.float32, torch.float64):
+        grad, x, grid = make_case(batch, channels, in_size, out_size, dtype, low=-1.6, high=1.6)
+        label = f"{shape} {matrix_id(attributes)} {dtype}"
+        assert_backward_matches(grad, x, grid, mode, padding, align_corners, backend=cpu_backend, label=label)
+        assert_forward_matches(x, grid, mode, padding, align_corners, backend=cpu_backend, label=label)
+
+
+def _poison(tensor, every, value, offset=0):
+    flat = tensor.reshape(-1)
+    flat[offset::every] = value
+    return tensor
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_nonfinite_and_huge_values_follow_golden(attributes, dtype, cpu_backend):
+    mode, padding, align_corners = attributes
+    grad, x, grid = make_case(2, 3, (4, 5, 3), (3, 4, 5), torch.float64, low=-1.3, high=1.3)
+    for value, offset in ((float("nan"), 0), (float("inf"), 3), (-float("inf"), 5), (1e30, 2), (-1e30, 1)):
+        _poison(grid, 11, value, offset)
+    _poison(x, 13, float("nan"))
+    _poison(x, 17, float("inf"), 4)
+    _poison(x, 19, 1e30, 6)
+    _poison(grad, 14, float("nan"), 2)
+    _poison(grad, 23, -float("inf"), 5)
+    grad, x, grid = grad.to(dtype), x.to(dtype), grid.to(dtype)
+    label = f"{matrix_id(attributes)} {dtype}"
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, backend=cpu_backend, label=label)
+    assert_forward_matches(x, grid, mode, padding, align_corners, backend=cpu_backend, label=label)
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("sizes", [(0, 3, (4, 5, 6), (2, 3, 4)), (2, 3, (4, 5, 6), (0, 3, 4)),
+                                   (2, 3, (4, 5, 6), (2, 0, 4)), (2, 0, (4, 5, 6), (2, 3, 4))],
+                         ids=["empty-batch", "empty-out-depth", "empty-out-height", "no-channels"])
+def test_empty_inputs_give_zero_outputs(sizes, data_format, cpu_backend):
+    batch, channels, in_size, out_size = sizes
+    grad, x, grid = make_case(batch, channels, in_size, out_size, torch.float32, data_format)
+    dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend=cpu_backend)
+    assert dx.shape == x.shape and dgrid.shape == grid.shape
+    assert not dx.any() and not dgrid.any()
+    y = gs.grid_sampler3d(x, grid, data_format=data_format, backend=cpu_backend)
+    expected = (batch, channels, *out_size) if data_format == "NCDHW" else (batch, *out_size, channels)
+    assert tuple(y.shape) == expected
+
+
+@pytest.mark.parametrize("output_mask", [(False, True), (True, False), (False, False)], ids=str)
+def test_output_mask(output_mask, cpu_backend):
+    grad, x, grid = make_case(dtype=torch.float32)
+    dx, dgrid = assert_backward_matches(grad, x, grid, "bilinear", "border", False, backend=cpu_backend,
+                                        output_mask=output_mask)
+    assert (dx is None) == (not output_mask[0]) and (dgrid is None) == (not output_mask[1])
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+def test_strided_and_sliced_inputs(data_format, cpu_backend):
+    grad, x, grid = make_case(2, 4, (6, 7, 8), (5, 4, 6), torch.float64, data_format, low=-1.1, high=1.1)
+    # Every other channel, a spatial slice, a transposed-then-back grid: none contiguous.
+    if data_format == "NCDHW":
+        x, grad = x[:, ::2, 1:, :, ::2], grad[:, ::2]
+    else:
+        x, grad = x[..., ::2][:, 1:, :, ::2], grad[..., ::2]
+    grid = grid.transpose(1, 3).contiguous().transpose(1, 3)[:, :, ::1]
+    assert not x.is_contiguous() and not grad.is_contiguous() and not grid.is_contiguous()
+    assert_backward_matches(grad, x, grid, "bilinear", "reflection", True, data_format, cpu_backend)
+    assert_forward_matches(x, grid, "bilinear", "reflection", True, data_format, cpu_backend)
+
+
+def test_channels_last_tensor_is_accepted_as_ncdhw(cpu_backend):
+    grad, x, grid = make_case(2, 5, (4, 6, 5), (3, 4, 2), torch.float32)
+    x_cl = x.contiguous(memory_format=torch.channels_last_3d)
+    dx, dgrid = assert_backward_matches(grad, x_cl, grid, backend=cpu_backend)
+    assert dx.is_contiguous(memory_format=torch.channels_last_3d)
+    expected_dx, expected_dgrid = gs.grid_sampler3d_backward(grad, x, grid, backend=cpu_backend)
+    assert torch.equal(dx, expected_dx) and torch.equal(dgrid, expected_dgrid)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=str)
+def test_numpy_in_numpy_out(dtype, cpu_backend):
+    grad, x, grid = (t.numpy().astype(dtype) for t in make_case(dtype=torch.float64))
+    dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, "nearest", "border", backend=cpu_backend)
+    assert isinstance(dx, np.ndarray) and dx.dtype == dtype and dx.shape == x.shape
+    assert isinstance(dgrid, np.ndarray) and dgrid.dtype == dtype and dgrid.shape == grid.shape
+    assert_backward_matches(grad, x, grid, "nearest", "border", backend=cpu_backend)
+    y = gs.grid_sampler3d(x[:, :, ::-1], grid, backend=cpu_backend)  # negative strides too
+    assert isinstance(y, np.ndarray) and y.dtype == dtype
+
+
+def test_integer_mode_codes_equal_strings(cpu_backend):
+    grad, x, grid = make_case(dtype=torch.float64)
+    by_name = gs.grid_sampler3d_backward(grad, x, grid, "nearest", "reflection", backend=cpu_backend)
+    by_code = gs.grid_sampler3d_backward(grad, x, grid, 1, 2, backend=cpu_backend)
+    assert all(torch.equal(a, b) for a, b in zip(by_name, by_code))
+
+
+def test_results_are_bitwise_reproducible(cpu_backend):
+    grad, x, grid = make_case(2, 8, (9, 8, 7), (6, 7, 8), torch.float32)
+    first = gs.grid_sampler3d_backward(grad, x, grid, backend=cpu_backend)
+    for _ in range(2):
+        again = gs.grid_sampler3d_backward(grad, x, grid, backend=cpu_backend)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), channels=st.integers(1, 4),
+       in_size=st.tuples(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5)),
+       out_size=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)),
+       attributes=st.sampled_from(MATRIX), dtype=st.sampled_from([torch.float32, torch.float64]),
+       data_format=st.sampled_from(["NCDHW", "NDHWC"]), spread=st.floats(0.5, 3.0), seed=st.integers(0, 2**16))
+def test_property_random_shapes_and_attributes(batch, channels, in_size, out_size, attributes, dtype, data_format,
+                                               spread, seed, cpu_backend):
+    mode, padding, align_corners = attributes
+    grad, x, grid = make_case(batch, channels, in_size, out_size, dtype, data_format, seed, -spread, spread)
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, cpu_backend)
+    assert_forward_matches(x, grid, mode, padding, align_corners, data_format, cpu_backend)
