@@ -58,9 +58,15 @@ class ReferenceBackend:
         return dx, dgrid
 
 
-BACKENDS = {"reference": ReferenceBackend()}
+def _registry():
+    from .cpu import NumbaBackend
+
+    return {"numba": NumbaBackend(), "reference": ReferenceBackend()}
+
+
+BACKENDS = _registry()
 # Preference order of "auto" per device type; the first available one that supports it wins.
-_AUTO_ORDER = {"cpu": ("reference",), "cuda": ("reference",)}
+_AUTO_ORDER = {"cpu": ("numba", "reference"), "cuda": ("reference",)}
 
 
 def select_backend(name: str, device: torch.device):

@@ -1,0 +1,93 @@
+"""The Numba CPU backend: hands torch tensors to the kernels as flat arrays with strides.
+
+No operand is copied for layout: NCDHW, channels-last and sliced tensors are read in
+place. float16 and bfloat16 operands are widened to float32 once (NumPy has no bfloat16);
+all arithmetic is float64 and each output is rounded once into its dtype.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from ..backends import memory_format_of
+from ..modes import Interpolation, Padding
+from .backward import grid_gradient_kernel, input_gradient_kernel, plan_slabs
+from .forward import grid_sampler3d_fwd_kernel
+
+__all__ = ["NumbaBackend"]
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def _flat(tensor: torch.Tensor):
+    """(flat 1-D NumPy view from the tensor's first element, element strides) — no copy."""
+    array = tensor.detach().numpy()
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    flat = np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
+    return flat, tuple(int(stride) for stride in tensor.stride())
+
+
+def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.float()
+
+
+def _threads() -> int:
+    """Follow torch's thread setting, within what Numba was started with."""
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(threads)
+    return threads
+
+
+class NumbaBackend:
+    """Parallel Numba kernels for CPU tensors (see ``gridsampler3d.cpu``)."""
+
+    name = "numba"
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cpu"
+
+    def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        dtype = x.dtype
+        x, grid = _kernel_dtype(x), _kernel_dtype(grid)
+        batch, channels = x.shape[:2]
+        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=memory_format_of(x))
+        _threads()
+        x_flat, x_strides = _flat(x)
+        grid_flat, grid_strides = _flat(grid)
+        y_flat, y_strides = _flat(y)
+        grid_sampler3d_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels,
+                                  tuple(x.shape[2:]), tuple(grid.shape[1:4]), int(interpolation), int(padding),
+                                  align_corners)
+        return y.to(dtype)
+
+    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
+                 output_mask, deterministic: bool):
+        want_dx, want_dgrid = output_mask
+        dtype = x.dtype
+        grad, x, grid = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(grid)
+        batch, channels = x.shape[:2]
+        sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
+        points = batch * out_sizes[0] * out_sizes[1] * out_sizes[2]
+        threads = _threads()
+        grad_flat, grad_strides = _flat(grad)
+        x_flat, x_strides = _flat(x)
+        grid_flat, grid_strides = _flat(grid)
+        dgrid = torch.empty(grid.shape, dtype=grid.dtype) if want_dgrid else torch.empty(0, dtype=grid.dtype)
+        lowest_depth = np.empty(points if want_dx else 0, np.int32)
+        grid_gradient_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dgrid.numpy().reshape(-1),
+                             lowest_depth, batch, channels, sizes, out_sizes, int(interpolation), int(padding),
+                             align_corners, want_dgrid)
+        dx = None
+        if want_dx:
+            dx = torch.empty_like(x, memory_format=memory_format_of(x))
+            dx_flat, dx_strides = _flat(dx)
+            bounds = plan_slabs(lowest_depth, batch, sizes[0], points // batch, int(interpolation), threads)
+            input_gradient_kernel(grad_flat, grad_strides, grid_flat, grid_strides, dx_flat, dx_strides,
+                                  lowest_depth, bounds, batch, channels, sizes, out_sizes, int(interpolation),
+                                  int(padding), align_corners)
+            dx = dx.to(dtype)
+        return dx, (dgrid.to(dtype) if want_dgrid else None)
