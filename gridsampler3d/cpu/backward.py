@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .coords import BILINEAR, depth_base, point_index, point_taps
+from .coords import BILINEAR, NEAREST, corner_weights, depth_base, nearest_tap, point_index, tap_sign, trilinear_tap
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -34,9 +34,6 @@ def grid_gradient_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
-        offsets = np.empty(8, np.int64)
-        weights = np.empty((8, 4))
-        signs = np.empty((8, 3))
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
             ix, iy, iz, mx, my, mz = point_index(grid, point, grid_strides[4], sizes, padding, align_corners,
@@ -48,17 +45,19 @@ def grid_gradient_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
                 continue
             gx = gy = gz = 0.0
             if interpolation == BILINEAR:
-                count = point_taps(interpolation, ix, iy, iz, sizes, spatial_strides, 0, sizes[0], offsets,
-                                   weights, signs)
+                cell = corner_weights(ix, iy, iz)
                 out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
                 for c in range(channels):
                     g = float(grad[out + c * grad_strides[1]])
                     base = n * x_strides[0] + c * x_strides[1]
-                    for k in range(count):
-                        value = x[base + offsets[k]]
-                        gx += signs[k, 0] * (value * weights[k, 2] * weights[k, 3] * g)
-                        gy += signs[k, 1] * (value * weights[k, 1] * weights[k, 3] * g)
-                        gz += signs[k, 2] * (value * weights[k, 1] * weights[k, 2] * g)
+                    for tap in range(8):
+                        inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes,
+                                                                   spatial_strides, 0, sizes[0])
+                        if inside:
+                            value = x[base + offset]
+                            gx += tap_sign(tap, 0) * (value * wy * wz * g)
+                            gy += tap_sign(tap, 1) * (value * wx * wz * g)
+                            gz += tap_sign(tap, 2) * (value * wx * wy * g)
             dgrid[3 * flat_point] = mx * gx
             dgrid[3 * flat_point + 1] = my * gy
             dgrid[3 * flat_point + 2] = mz * gz
@@ -114,9 +113,6 @@ def input_gradient_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides
                 for yy in range(height):
                     for xx in range(width):
                         dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
-        offsets = np.empty(8, np.int64)
-        weights = np.empty((8, 4))
-        signs = np.empty((8, 3))
         for n in range(first // depth, (last + depth - 1) // depth):
             z_lo = max(first - n * depth, 0)
             z_hi = min(last - n * depth, depth)
@@ -133,11 +129,19 @@ def input_gradient_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides
                 point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
                 ix, iy, iz, _, _, _ = point_index(grid, point, grid_strides[4], sizes, padding, align_corners,
                                                   False)
-                count = point_taps(interpolation, ix, iy, iz, sizes, spatial_strides, z_lo, z_hi, offsets,
-                                   weights, signs)
                 out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+                if interpolation == NEAREST:
+                    inside, offset, _ = nearest_tap(ix, iy, iz, sizes, spatial_strides, z_lo, z_hi)
+                    if inside:
+                        for c in range(channels):
+                            dx[n * dx_strides[0] + c * dx_strides[1] + offset] += grad[out + c * grad_strides[1]]
+                    continue
+                cell = corner_weights(ix, iy, iz)
                 for c in range(channels):
                     g = float(grad[out + c * grad_strides[1]])
                     base = n * dx_strides[0] + c * dx_strides[1]
-                    for k in range(count):
-                        dx[base + offsets[k]] += weights[k, 0] * g
+                    for tap in range(8):
+                        inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes,
+                                                                   spatial_strides, z_lo, z_hi)
+                        if inside:
+                            dx[base + offset] += (wx * wy * wz) * g

@@ -21,7 +21,7 @@ OUT_OF_RANGE = -100.0
 BILINEAR, NEAREST = 0, 1
 ZEROS, BORDER, REFLECTION = 0, 1, 2
 
-kernel = njit(cache=True, error_model="numpy", nogil=True)
+kernel = njit(cache=True, error_model="numpy", nogil=True, inline="always")
 
 
 @kernel
@@ -106,44 +106,48 @@ def point_index(grid, offset, step, sizes, padding, align_corners, forward):
 
 
 @kernel
-def point_taps(interpolation, ix, iy, iz, sizes, strides, z_lo, z_hi, offsets, weights, signs):
-    """The in-bounds taps of one point whose depth index lies in [z_lo, z_hi), in PyTorch's order.
+def corner_weights(ix, iy, iz):
+    """Lowest corner of a trilinear cell and the weights of its low and high sides.
 
-    Fills ``offsets[k]`` (spatial offset z*sD + y*sH + x*sW with ``strides`` = (sD, sH, sW)),
-    ``weights[k]`` = (wx*wy*wz, wx, wy, wz) and ``signs[k]`` = (sx, sy, sz), the sign of
-    d weight / d index per axis; returns the number of taps. Bilinear: the 8 corners, z
-    outermost, x innermost; nearest: the voxel at rint (ties to even).
+    Returns (x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z) with PyTorch's
+    weights: high = i - floor(i), low = (floor(i) + 1) - i.
     """
-    depth, height, width = sizes
-    if interpolation == NEAREST:
-        cx, cy, cz = int(np.rint(ix)), int(np.rint(iy)), int(np.rint(iz))
-        if 0 <= cx < width and 0 <= cy < height and max(z_lo, 0) <= cz < min(z_hi, depth):
-            offsets[0] = cz * strides[0] + cy * strides[1] + cx * strides[2]
-            weights[0, 0] = 1.0
-            return 1
-        return 0
     x0, y0, z0 = math.floor(ix), math.floor(iy), math.floor(iz)
-    low = (x0 + 1 - ix, y0 + 1 - iy, z0 + 1 - iz)
-    high = (ix - x0, iy - y0, iz - z0)
-    count = 0
-    for tap in range(8):
-        step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
-        cx, cy, cz = int(x0) + step_x, int(y0) + step_y, int(z0) + step_z
-        if not (0 <= cx < width and 0 <= cy < height and max(z_lo, 0) <= cz < min(z_hi, depth)):
-            continue
-        wx = high[0] if step_x else low[0]
-        wy = high[1] if step_y else low[1]
-        wz = high[2] if step_z else low[2]
-        offsets[count] = cz * strides[0] + cy * strides[1] + cx * strides[2]
-        weights[count, 0] = wx * wy * wz
-        weights[count, 1] = wx
-        weights[count, 2] = wy
-        weights[count, 3] = wz
-        signs[count, 0] = 1.0 if step_x else -1.0
-        signs[count, 1] = 1.0 if step_y else -1.0
-        signs[count, 2] = 1.0 if step_z else -1.0
-        count += 1
-    return count
+    return int(x0), int(y0), int(z0), x0 + 1 - ix, y0 + 1 - iy, z0 + 1 - iz, ix - x0, iy - y0, iz - z0
+
+
+@kernel
+def trilinear_tap(tap, cell, sizes, strides, z_lo, z_hi):
+    """Tap ``tap`` (0..7: bit 0 steps x, bit 1 y, bit 2 z; PyTorch's order) of ``cell``.
+
+    ``cell`` is what :func:`corner_weights` returns.
+
+    Returns (inside, spatial offset z*sD + y*sH + x*sW, wx, wy, wz); ``inside`` also
+    requires the tap's depth to lie in [z_lo, z_hi). ``strides`` = (sD, sH, sW).
+    """
+    x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z = cell
+    step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+    cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
+    inside = (0 <= cx < sizes[2]) and (0 <= cy < sizes[1]) and (max(z_lo, 0) <= cz < min(z_hi, sizes[0]))
+    offset = cz * strides[0] + cy * strides[1] + cx * strides[2]
+    wx = high_x if step_x else low_x
+    wy = high_y if step_y else low_y
+    wz = high_z if step_z else low_z
+    return inside, offset, wx, wy, wz
+
+
+@kernel
+def tap_sign(tap, axis):
+    """Sign of d weight / d index of tap ``tap`` along ``axis`` (0 x, 1 y, 2 z)."""
+    return 1.0 if (tap >> axis) & 1 else -1.0
+
+
+@kernel
+def nearest_tap(ix, iy, iz, sizes, strides, z_lo, z_hi):
+    """The voxel nearest to (ix, iy, iz), ties to even: (inside, spatial offset, depth index)."""
+    cx, cy, cz = int(np.rint(ix)), int(np.rint(iy)), int(np.rint(iz))
+    inside = (0 <= cx < sizes[2]) and (0 <= cy < sizes[1]) and (max(z_lo, 0) <= cz < min(z_hi, sizes[0]))
+    return inside, cz * strides[0] + cy * strides[1] + cx * strides[2], cz
 
 
 @kernel

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .coords import point_index, point_taps
+from .coords import NEAREST, corner_weights, nearest_tap, point_index, trilinear_tap
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -17,8 +17,8 @@ def grid_sampler3d_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, ba
     """Fill ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3).
 
     ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo); strides are in elements, in the
-    logical order of each shape. Every element of ``y`` is written. Each point's taps are
-    computed once and reused across channels; each sum runs over the taps in PyTorch's
+    logical order of each shape. Every element of ``y`` is written. A point's cell and
+    weights stay in registers across channels; each sum runs over the taps in PyTorch's
     order, in float64, and is rounded once into ``y``.
     """
     out_depth, out_height, out_width = out_sizes
@@ -27,18 +27,22 @@ def grid_sampler3d_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, ba
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
-        offsets = np.empty(8, np.int64)
-        weights = np.empty((8, 4))
-        signs = np.empty((8, 3))
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
             ix, iy, iz, _, _, _ = point_index(grid, point, grid_strides[4], sizes, padding, align_corners, True)
-            count = point_taps(interpolation, ix, iy, iz, sizes, spatial_strides, 0, sizes[0], offsets, weights,
-                               signs)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
+            if interpolation == NEAREST:
+                inside, offset, _ = nearest_tap(ix, iy, iz, sizes, spatial_strides, 0, sizes[0])
+                for c in range(channels):
+                    y[out + c * y_strides[1]] = x[n * x_strides[0] + c * x_strides[1] + offset] if inside else 0
+                continue
+            cell = corner_weights(ix, iy, iz)
             for c in range(channels):
                 base = n * x_strides[0] + c * x_strides[1]
                 total = 0.0
-                for k in range(count):
-                    total += x[base + offsets[k]] * weights[k, 0]
+                for tap in range(8):
+                    inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, spatial_strides,
+                                                               0, sizes[0])
+                    if inside:
+                        total += x[base + offset] * (wx * wy * wz)
                 y[out + c * y_strides[1]] = total
