@@ -12,7 +12,7 @@ import torch
 
 from ..backends import memory_format_of
 from ..modes import Interpolation, Padding
-from .backward import grid_gradient_kernel, input_gradient_kernel, plan_slabs
+from .backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
 from .forward import grid_sampler3d_fwd_kernel
 
 __all__ = ["NumbaBackend"]
@@ -51,7 +51,7 @@ class NumbaBackend:
         return device.type == "cpu"
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        dtype = x.dtype
+        dtype, layout = x.dtype, memory_format_of(x)
         x, grid = _kernel_dtype(x), _kernel_dtype(grid)
         batch, channels = x.shape[:2]
         y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=memory_format_of(x))
@@ -62,12 +62,12 @@ class NumbaBackend:
         grid_sampler3d_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels,
                                   tuple(x.shape[2:]), tuple(grid.shape[1:4]), int(interpolation), int(padding),
                                   align_corners)
-        return y.to(dtype)
+        return y.to(dtype=dtype, memory_format=layout)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
         want_dx, want_dgrid = output_mask
-        dtype = x.dtype
+        dtype, layout = x.dtype, memory_format_of(x)
         grad, x, grid = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(grid)
         batch, channels = x.shape[:2]
         sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
@@ -76,18 +76,18 @@ class NumbaBackend:
         grad_flat, grad_strides = _flat(grad)
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
-        dgrid = torch.empty(grid.shape, dtype=grid.dtype) if want_dgrid else torch.empty(0, dtype=grid.dtype)
-        lowest_depth = np.empty(points if want_dx else 0, np.int32)
-        grid_gradient_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dgrid.numpy().reshape(-1),
-                             lowest_depth, batch, channels, sizes, out_sizes, int(interpolation), int(padding),
-                             align_corners, want_dgrid)
-        dx = None
-        if want_dx:
-            dx = torch.empty_like(x, memory_format=memory_format_of(x))
-            dx_flat, dx_strides = _flat(dx)
-            bounds = plan_slabs(lowest_depth, batch, sizes[0], points // batch, int(interpolation), threads)
-            input_gradient_kernel(grad_flat, grad_strides, grid_flat, grid_strides, dx_flat, dx_strides,
-                                  lowest_depth, bounds, batch, channels, sizes, out_sizes, int(interpolation),
-                                  int(padding), align_corners)
-            dx = dx.to(dtype)
+        dgrid = torch.empty(grid.shape if want_dgrid else (0,), dtype=grid.dtype)
+        dx = torch.empty_like(x, memory_format=memory_format_of(x)) if want_dx else torch.empty(0, dtype=x.dtype)
+        dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
+        lowest_depth = np.empty(points, np.int32)
+        codes = (int(interpolation), int(padding), align_corners)
+        lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
+        bounds = plan_slabs(lowest_depth, batch, sizes[0], points // batch, int(interpolation), threads)
+        passes = [output_mask] if is_coherent(lowest_depth, out_sizes[2]) else [(want_dx, False), (False, want_dgrid)]
+        for pass_dx, pass_dgrid in passes:
+            if pass_dx or pass_dgrid:
+                grid_sampler3d_bwd_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat,
+                                          dx_strides, dgrid.numpy().reshape(-1), lowest_depth, bounds, batch, channels,
+                                          sizes, out_sizes, *codes, pass_dx, pass_dgrid)
+        dx = dx.to(dtype=dtype, memory_format=layout) if want_dx else None
         return dx, (dgrid.to(dtype) if want_dgrid else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .tuning import VECTOR_CHANNELS
 from .coords import NEAREST, corner_weights, nearest_tap, point_index, trilinear_tap
 
 
@@ -17,16 +18,20 @@ def grid_sampler3d_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, ba
     """Fill ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3).
 
     ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo); strides are in elements, in the
-    logical order of each shape. Every element of ``y`` is written. A point's cell and
-    weights stay in registers across channels; each sum runs over the taps in PyTorch's
-    order, in float64, and is rounded once into ``y``.
+    logical order of each shape. Every element of ``y`` is written. A point's cell is
+    computed once; each tap then updates all channels' float64 sums (a contiguous,
+    vectorised loop for channels-last data), so every sum still runs over the taps in
+    PyTorch's order and is rounded once into ``y``.
     """
     out_depth, out_height, out_width = out_sizes
     spatial_strides = (x_strides[2], x_strides[3], x_strides[4])
+    # Contiguous channels: each tap updates all channels in one vectorised loop.
+    vector_channels = x_strides[1] == 1 and channels >= VECTOR_CHANNELS
     for row in prange(batch * out_depth * out_height):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
+        totals = np.empty(channels)
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
             ix, iy, iz, _, _, _ = point_index(grid, point, grid_strides[4], sizes, padding, align_corners, True)
@@ -37,12 +42,28 @@ def grid_sampler3d_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, ba
                     y[out + c * y_strides[1]] = x[n * x_strides[0] + c * x_strides[1] + offset] if inside else 0
                 continue
             cell = corner_weights(ix, iy, iz)
+            if vector_channels:
+                for c in range(channels):
+                    totals[c] = 0.0
+                for tap in range(8):
+                    inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, spatial_strides, 0, sizes[0])
+                    if inside:
+                        _accumulate(totals, x, n * x_strides[0] + offset, wx * wy * wz, channels)
+                for c in range(channels):
+                    y[out + c * y_strides[1]] = totals[c]
+                continue
             for c in range(channels):
                 base = n * x_strides[0] + c * x_strides[1]
                 total = 0.0
                 for tap in range(8):
-                    inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, spatial_strides,
-                                                               0, sizes[0])
+                    inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, spatial_strides, 0, sizes[0])
                     if inside:
                         total += x[base + offset] * (wx * wy * wz)
                 y[out + c * y_strides[1]] = total
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _accumulate(totals, x, start, weight, channels):
+    """totals[c] += x[start + c] * weight for every (contiguous) channel: one tap, in tap order."""
+    for c in range(channels):
+        totals[c] += x[start + c] * weight
