@@ -1,6 +1,7 @@
 """The ``gridsampler3d`` command line.
 
     gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
+    gridsampler3d bench [--cases ...] [--threads N] [--json FILE] [--plot FILE]
 """
 from __future__ import annotations
 
@@ -92,6 +93,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be at least 1; got {args.threads}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {args.device}: no CUDA device is available here")
+    try:
+        report = bench.run_suite(args.cases, device=args.device, backend=args.backend, repeats=args.repeats,
+                                 threads=args.threads, scale=args.scale)
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        bench.write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        bench.write_plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    if args.markdown:
+        print()
+        print(bench.format_table(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gridsampler3d", description="3-D grid sampling and its backward.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attributes(run)
     run.add_argument("--out", default="out/run", help="folder for dx.npy and dgrid.npy (default out/run)")
     run.set_defaults(handler=_run)
+
+    bench = commands.add_parser("bench", help="time forward and backward against PyTorch (SPEC section 8 suite)")
+    bench.add_argument("--cases", help="comma-separated case names (default: all)")
+    bench.add_argument("--threads", type=int, help="threads for both libraries (default: torch's setting)")
+    bench.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median; default 7)")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench.add_argument("--backend", default="auto", help="our backend to time (default auto)")
+    bench.add_argument("--scale", type=float, default=1.0, help="multiply every case's edge sizes by this")
+    bench.add_argument("--json", help="write the machine-readable report here")
+    bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
+    bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    bench.set_defaults(handler=_bench)
     return parser
 
 

@@ -1,0 +1,5 @@
+"""The benchmark suite of SPEC.md section 8 (registry in ``suite``, timing in ``runner``)."""
+from .runner import format_table, run_suite, write_json, write_plot
+from .suite import SUITE, BenchCase, select_cases
+
+__all__ = ["SUITE", "BenchCase", "select_cases", "run_suite", "format_table", "write_json", "write_plot"]

@@ -1,0 +1,218 @@
+"""Time the suite against PyTorch in the same process; write a table, JSON and a plot."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .. import __version__, api
+from ..modes import parse_interpolation, parse_padding
+from .suite import BenchCase, build_inputs, select_cases
+
+__all__ = ["run_suite", "machine_info", "write_plot", "format_table"]
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_call(function, device="cpu", warmup=2, repeats=7, min_seconds=0.0) -> dict:
+    """Median wall time of ``function()`` after ``warmup`` calls, over at least ``repeats`` runs."""
+    for _ in range(warmup):
+        function()
+    _synchronize(device)
+    times = []
+    started = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - started < min_seconds:
+        begin = time.perf_counter()
+        function()
+        _synchronize(device)
+        times.append(time.perf_counter() - begin)
+    times.sort()
+    return {"median_s": statistics.median(times), "min_s": times[0], "max_s": times[-1], "runs": len(times)}
+
+
+def _read_status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _release_free_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc), so that a new allocation shows in the peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory(function) -> int | None:
+    """Bytes by which one call of ``function`` raises the process's resident peak (Linux), or None."""
+    _release_free_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # reset the peak resident set size to the current one
+    except OSError:
+        return None
+    baseline = _read_status("VmRSS")
+    function()
+    peak = _read_status("VmHWM")
+    if baseline is None or peak is None:
+        return None
+    return max(0, peak - baseline)
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """Where and with what the numbers were taken."""
+    import numba
+    import numpy
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+        "device": device,
+        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "numba": numba.__version__,
+                     "numpy": numpy.__version__, "gridsampler3d": __version__},
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale: float) -> dict:
+    (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, device, scale)
+    codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
+    attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
+                      data_format=case.layout, backend=backend)
+    calls = {
+        "forward": (lambda: torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes),
+                    lambda: api.grid_sampler3d(x, grid, **attributes)),
+        "backward": (lambda: torch.ops.aten.grid_sampler_3d_backward(grad_ncdhw, x_ncdhw, grid, *codes, [True, True]),
+                     lambda: api.grid_sampler3d_backward(grad, x, grid, **attributes)),
+    }
+    result = {"case": case.describe(), "in_size": x.shape[2] if case.layout == "NCDHW" else x.shape[1]}
+    for stage, (theirs, ours) in calls.items():
+        torch_time = time_call(theirs, device, repeats=repeats)
+        our_time = time_call(ours, device, repeats=repeats)
+        result[stage] = {"torch": torch_time, "ours": our_time,
+                         "ratio": torch_time["median_s"] / our_time["median_s"]}
+        if device == "cpu":
+            result[stage]["peak_bytes"] = {"torch": peak_memory(theirs), "ours": peak_memory(ours)}
+    return result
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print) -> dict:
+    """Run the cases (all by default); returns the report (machine, results, summary)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    selected = select_cases(names)
+    echo(f"gridsampler3d bench: {len(selected)} case(s) on {device}, {torch.get_num_threads()} thread(s), "
+         f"backend {backend}, median of {repeats} after warm-up")
+    echo(format_header())
+    results = []
+    for case in selected:
+        result = _bench_case(case, device, backend, repeats, scale)
+        results.append(result)
+        echo(format_row(result))
+    summary = {stage: {"geomean_ratio": _geomean(r[stage]["ratio"] for r in results),
+                       "min_ratio": min(r[stage]["ratio"] for r in results)} for stage in ("forward", "backward")}
+    echo(f"geometric mean ratio: forward {summary['forward']['geomean_ratio']:.2f}x, "
+         f"backward {summary['backward']['geomean_ratio']:.2f}x "
+         f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)")
+    return {"machine": machine_info(device), "backend": backend, "repeats": repeats, "scale": scale,
+            "results": results, "summary": summary}
+
+
+def format_header() -> str:
+    return (f"{'case':<8} {'fwd torch':>10} {'fwd ours':>9} {'ratio':>6}  {'bwd torch':>10} {'bwd ours':>9} "
+            f"{'ratio':>6}  {'bwd peak MB torch/ours':>22}")
+
+
+def _megabytes(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
+
+
+def format_row(result: dict) -> str:
+    forward, backward = result["forward"], result["backward"]
+    peaks = backward.get("peak_bytes", {})
+    peak = f"{_megabytes(peaks.get('torch'))}/{_megabytes(peaks.get('ours'))}"
+    return (f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
+            f"{forward['ours']['median_s'] * 1e3:7.1f}ms {forward['ratio']:5.2f}x  "
+            f"{backward['torch']['median_s'] * 1e3:8.1f}ms {backward['ours']['median_s'] * 1e3:7.1f}ms "
+            f"{backward['ratio']:5.2f}x  {peak:>22}")
+
+
+def format_table(report: dict) -> str:
+    """The report as a Markdown table (for the README)."""
+    lines = ["| case | forward PyTorch | forward ours | ratio | backward PyTorch | backward ours | ratio |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for result in report["results"]:
+        f, b = result["forward"], result["backward"]
+        lines.append(f"| {result['case']['name']} | {f['torch']['median_s'] * 1e3:.1f} ms | "
+                     f"{f['ours']['median_s'] * 1e3:.1f} ms | {f['ratio']:.2f}x | {b['torch']['median_s'] * 1e3:.1f} ms"
+                     f" | {b['ours']['median_s'] * 1e3:.1f} ms | {b['ratio']:.2f}x |")
+    summary = report["summary"]
+    lines.append(f"| geometric mean | | | {summary['forward']['geomean_ratio']:.2f}x | | | "
+                 f"{summary['backward']['geomean_ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_plot(report: dict, path) -> None:
+    """A bar chart of the PyTorch / ours time ratios per case, forward and backward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [result["case"]["name"] for result in report["results"]]
+    positions = range(len(names))
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.2))
+    width = 0.38
+    for shift, stage, colour in ((-width / 2, "forward", "#4c72b0"), (width / 2, "backward", "#dd8452")):
+        ratios = [result[stage]["ratio"] for result in report["results"]]
+        bars = axes.bar([p + shift for p in positions], ratios, width, label=stage, color=colour)
+        axes.bar_label(bars, labels=[f"{r:.1f}" for r in ratios], fontsize=7, padding=1)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_yscale("log")
+    axes.set_xticks(list(positions), names)
+    axes.set_ylabel("speed-up over PyTorch (time ratio)")
+    machine = report["machine"]
+    axes.set_title(f"gridsampler3d vs PyTorch {machine['versions']['torch']} on {machine['device']}, "
+                   f"{machine['threads']} thread(s)", fontsize=9)
+    axes.legend()
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

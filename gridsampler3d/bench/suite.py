@@ -1,0 +1,87 @@
+"""The benchmark registry: SPEC.md section 8, one entry per case."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import cases
+
+__all__ = ["BenchCase", "SUITE", "select_cases", "build_inputs"]
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark case; sizes are edges of cubes (CPU sizes; ``scale`` grows them)."""
+
+    name: str
+    batch: int
+    channels: int
+    in_size: int
+    out_size: int
+    grid_kind: str  # warp | affine | uniform | identity
+    mode: str
+    padding: str
+    align_corners: bool
+    dtype: str  # float16 | bfloat16 | float32 | float64
+    layout: str  # NCDHW | NDHWC
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+SUITE = (
+    BenchCase("reg128", 1, 1, 128, 128, "warp", "bilinear", "zeros", False, "float32", "NCDHW"),
+    BenchCase("feat48", 2, 32, 48, 48, "affine", "bilinear", "border", False, "float32", "NCDHW"),
+    BenchCase("rand64", 1, 16, 64, 64, "uniform", "bilinear", "zeros", False, "float32", "NCDHW"),
+    BenchCase("cl64", 1, 16, 64, 64, "affine", "bilinear", "zeros", False, "float32", "NDHWC"),
+    BenchCase("near64", 1, 16, 64, 64, "affine", "nearest", "reflection", False, "float32", "NCDHW"),
+    BenchCase("bf16", 1, 16, 64, 64, "affine", "bilinear", "zeros", False, "bfloat16", "NCDHW"),
+    BenchCase("fp64", 1, 8, 64, 64, "affine", "bilinear", "reflection", False, "float64", "NCDHW"),
+    BenchCase("up2x", 1, 4, 64, 128, "identity", "bilinear", "border", True, "float32", "NCDHW"),
+)
+
+
+def select_cases(names=None) -> list[BenchCase]:
+    """The suite, or the cases named (a list or a comma-separated string)."""
+    if not names:
+        return list(SUITE)
+    if isinstance(names, str):
+        names = [name.strip() for name in names.split(",") if name.strip()]
+    by_name = {case.name: case for case in SUITE}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
+    return [by_name[name] for name in names]
+
+
+def _grid(case: BenchCase, out_size: int) -> torch.Tensor:
+    if case.grid_kind == "warp":
+        return cases.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)
+    if case.grid_kind == "affine":
+        return cases.random_affine_grid(case.batch, out_size, seed=2, align_corners=case.align_corners)
+    if case.grid_kind == "uniform":
+        return cases.uniform_grid(case.batch, out_size, -1.1, 1.1, seed=3)
+    if case.grid_kind == "identity":
+        return cases.identity_grid(case.batch, out_size, case.align_corners)
+    raise ValueError(f"unknown grid kind {case.grid_kind!r}")
+
+
+def build_inputs(case: BenchCase, device="cpu", scale: float = 1.0):
+    """Inputs of ``case``: ``(grad, x, grid)`` in the case's layout, and PyTorch's NCDHW views of them.
+
+    Returns ``((grad, x, grid), (grad_ncdhw, x_ncdhw))``; for NDHWC the NCDHW views are
+    channels-last strided, which is how PyTorch itself takes channels-last data.
+    """
+    dtype = getattr(torch, case.dtype)
+    in_size = max(1, round(case.in_size * scale))
+    out_size = max(1, round(case.out_size * scale))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(case.batch, case.channels, in_size, in_size, in_size, generator=generator)
+    grad = torch.randn(case.batch, case.channels, out_size, out_size, out_size, generator=generator)
+    grid = _grid(case, out_size)
+    x, grad, grid = (t.to(device=device, dtype=dtype) for t in (x, grad, grid))
+    if case.layout == "NDHWC":
+        x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
+        return (grad, x, grid), (grad.permute(0, 4, 1, 2, 3), x.permute(0, 4, 1, 2, 3))
+    return (grad, x, grid), (grad, x)
