@@ -83,11 +83,15 @@ class NumbaBackend:
         codes = (int(interpolation), int(padding), align_corners)
         lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
         bounds = plan_slabs(lowest_depth, batch, sizes[0], points // batch, int(interpolation), threads)
-        passes = [output_mask] if is_coherent(lowest_depth, out_sizes[2]) else [(want_dx, False), (False, want_dgrid)]
+        if interpolation == Interpolation.NEAREST and want_dgrid:
+            dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
+            want_dgrid = False
+        passes = [(want_dx, want_dgrid)] if is_coherent(lowest_depth, out_sizes[2]) else [(want_dx, False),
+                                                                                         (False, want_dgrid)]
         for pass_dx, pass_dgrid in passes:
             if pass_dx or pass_dgrid:
                 grid_sampler3d_bwd_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat,
                                           dx_strides, dgrid.numpy().reshape(-1), lowest_depth, bounds, batch, channels,
                                           sizes, out_sizes, *codes, pass_dx, pass_dgrid)
         dx = dx.to(dtype=dtype, memory_format=layout) if want_dx else None
-        return dx, (dgrid.to(dtype) if want_dgrid else None)
+        return dx, (dgrid.to(dtype) if output_mask[1] else None)
