@@ -1,0 +1,124 @@
+"""The Numba CPU engine: exactness, determinism, thread counts, every element written, int64 offsets."""
+import numpy as np
+import pytest
+import torch
+
+import gridsampler3d as gs
+from gridsampler3d import precision
+from gridsampler3d.cpu import engine
+from gridsampler3d.cpu.backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
+from gridsampler3d.cpu.forward import grid_sampler3d_fwd_kernel
+from helpers import MATRIX, make_case, matrix_id
+
+
+def _with_nonfinite(grad, x, grid):
+    grid.view(-1)[::7] = float("nan")
+    grid.view(-1)[3::11] = 1e30
+    grid.view(-1)[5::13] = -float("inf")
+    x.view(-1)[::13] = float("inf")
+    grad.view(-1)[::9] = 1e300
+    return grad, x, grid
+
+
+def _equal(a, b):
+    return torch.equal(torch.nan_to_num(a, 1.0, 2.0, 3.0), torch.nan_to_num(b, 1.0, 2.0, 3.0)) and \
+        torch.equal(torch.isnan(a), torch.isnan(b))
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_float64_is_bitwise_pytorch(attributes, data_format):
+    """Every sum runs in PyTorch's order, so float64 results equal PyTorch's bit for bit."""
+    mode, padding, align_corners = attributes
+    grad, x, grid = _with_nonfinite(*make_case(2, 5, (5, 6, 7), (4, 5, 3), torch.float64, low=-1.3, high=1.3))
+    if data_format == "NDHWC":
+        x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
+    ours = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, data_format=data_format,
+                                      backend="numba")
+    golden = precision.golden_backward(grad, x, grid, mode, padding, align_corners, data_format=data_format)
+    assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
+    y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend="numba")
+    assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners, data_format))
+
+
+@pytest.fixture
+def threads():
+    """Set torch's (and so the engine's) thread count inside a test, restoring it after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("grid_spread", [0.3, 1.2], ids=["smooth", "random"])
+def test_results_do_not_depend_on_thread_count(dtype, grid_spread, threads):
+    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, low=-grid_spread, high=grid_spread)
+    results = []
+    for count in (1, 2):
+        threads(count)
+        results.append(gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "border", backend="numba"))
+        results.append((gs.grid_sampler3d(x, grid, "bilinear", "border", backend="numba"),))
+    for first, second in zip(results[:2], results[2:]):
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _flat_inputs(grad, x, grid):
+    return engine._flat(grad), engine._flat(x), engine._flat(grid)
+
+
+@pytest.mark.parametrize("slabs", [1, 2, 3, 7])
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_every_output_element_is_written_and_any_split_is_exact(attributes, slabs):
+    """Kernels run on NaN-poisoned outputs, fused and split, with 1 to 7 slabs: all equal the golden."""
+    mode, padding, align_corners = attributes
+    grad, x, grid = make_case(2, 3, (5, 4, 6), (4, 3, 5), torch.float64, low=-1.3, high=1.3)
+    x = x.contiguous(memory_format=torch.channels_last_3d)  # a strided layout on purpose
+    codes = (int(gs.Interpolation[mode.upper()]), int(gs.Padding[padding.upper()]), align_corners)
+    (grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides) = _flat_inputs(grad, x, grid)
+    batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
+    lowest_depth = np.full(grid.numel() // 3, -7, np.int32)
+    lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
+    assert (lowest_depth != -7).all()
+    bounds = plan_slabs(lowest_depth, batch, sizes[0], lowest_depth.size // batch, codes[0], slabs)
+    assert bounds[0] == 0 and bounds[-1] == batch * sizes[0] and np.all(np.diff(bounds) >= 0)
+    golden_dx, golden_dgrid = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
+    for passes in ([(True, True)], [(True, False), (False, True)]):
+        dx = torch.full_like(x, float("nan"))
+        dgrid = torch.full_like(grid, float("nan"))
+        dx_flat, dx_strides = engine._flat(dx)
+        for want_dx, want_dgrid in passes:
+            grid_sampler3d_bwd_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat,
+                                      dx_strides, dgrid.numpy().reshape(-1), lowest_depth, bounds, batch, channels,
+                                      sizes, out_sizes, *codes, want_dx, want_dgrid)
+        assert _equal(dx, golden_dx) and _equal(dgrid, golden_dgrid)
+    y = torch.full_like(grad, float("nan"))
+    (y_flat, y_strides) = engine._flat(y)
+    grid_sampler3d_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels, sizes,
+                              out_sizes, *codes)
+    assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
+
+
+def test_smooth_and_random_grids_are_told_apart():
+    smooth = np.repeat(np.arange(64, dtype=np.int32), 64)
+    random = np.random.default_rng(0).integers(0, 64, 4096).astype(np.int32)
+    assert is_coherent(smooth, 64) and not is_coherent(random, 64)
+
+
+@pytest.mark.slow
+def test_offsets_beyond_int32(tmp_path):
+    """A volume of more than 2^31 voxels: gathers and scatters at its far corner land exactly."""
+    depth, height, width = 1024, 1024, 2049
+    assert depth * height * width > 2**31
+    # A sparse memory-mapped file: only the pages touched become resident.
+    x_array = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32,
+                                        shape=(1, 1, depth, height, width))
+    x_array[0, 0, -1, -1, -1] = 3.0
+    x = torch.from_numpy(x_array)
+    grid = torch.ones(1, 2, 2, 2, 3)  # every point at the far corner (align_corners: exactly voxel S - 1)
+    y = gs.grid_sampler3d(x, grid, "bilinear", "zeros", align_corners=True, backend="numba")
+    assert torch.equal(y, torch.full_like(y, 3.0))
+    grad = torch.arange(1.0, 9.0).reshape(1, 1, 2, 2, 2)
+    dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, "nearest", "zeros", align_corners=True, backend="numba")
+    assert dx[0, 0, -1, -1, -1] == grad.sum()
+    assert float(dx.sum()) == float(grad.sum())  # nothing landed anywhere else
+    assert not dgrid.any()
