@@ -6,6 +6,8 @@ all arithmetic is float64 and each output is rounded once into its dtype.
 """
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 import torch
@@ -32,8 +34,21 @@ def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.float()
 
 
+@functools.cache
+def _start_thread_pool() -> None:
+    """Start Numba's thread pool once, keeping torch's thread count.
+
+    Both use OpenMP here, and the pool's start resets OpenMP's thread count to Numba's
+    maximum, which would silently change torch's own setting.
+    """
+    wanted = torch.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    torch.set_num_threads(wanted)
+
+
 def _threads() -> int:
     """Follow torch's thread setting, within what Numba was started with."""
+    _start_thread_pool()
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(threads)
     return threads
