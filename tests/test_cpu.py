@@ -7,7 +7,7 @@ import gridsampler3d as gs
 from gridsampler3d import precision
 from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
-from gridsampler3d.cpu.forward import grid_sampler3d_fwd_kernel
+from gridsampler3d.cpu.forward import forward_kernel
 from helpers import MATRIX, make_case, matrix_id
 
 
@@ -73,13 +73,14 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     mode, padding, align_corners = attributes
     grad, x, grid = make_case(2, 3, (5, 4, 6), (4, 3, 5), torch.float64, low=-1.3, high=1.3)
     x = x.contiguous(memory_format=torch.channels_last_3d)  # a strided layout on purpose
-    codes = (int(gs.Interpolation[mode.upper()]), int(gs.Padding[padding.upper()]), align_corners)
+    interpolation, pad = int(gs.Interpolation[mode.upper()]), int(gs.Padding[padding.upper()])
+    codes = (interpolation, pad, align_corners)
     (grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides) = _flat_inputs(grad, x, grid)
     batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
     lowest_depth = np.full(grid.numel() // 3, -7, np.int32)
     lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
     assert (lowest_depth != -7).all()
-    bounds = plan_slabs(lowest_depth, batch, sizes[0], lowest_depth.size // batch, codes[0], slabs)
+    bounds = plan_slabs(lowest_depth, batch, sizes[0], lowest_depth.size // batch, interpolation, slabs)
     assert bounds[0] == 0 and bounds[-1] == batch * sizes[0] and np.all(np.diff(bounds) >= 0)
     golden_dx, golden_dgrid = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
     for passes in ([(True, True)], [(True, False), (False, True)]):
@@ -93,8 +94,8 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         assert _equal(dx, golden_dx) and _equal(dgrid, golden_dgrid)
     y = torch.full_like(grad, float("nan"))
     (y_flat, y_strides) = engine._flat(y)
-    grid_sampler3d_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels, sizes,
-                              out_sizes, *codes)
+    forward_kernel(interpolation, pad)(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels,
+                                       sizes, out_sizes, align_corners)
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
 
 

@@ -143,9 +143,30 @@ def tap_sign(tap, axis):
 
 
 @kernel
+def axis_cell(index):
+    """Along one axis: (floor(index) as int, weight of the low tap, weight of the high tap).
+
+    PyTorch's weights: high = index - floor(index), low = (floor(index) + 1) - index.
+    """
+    low = math.floor(index)
+    return int(low), low + 1 - index, index - low
+
+
+# 1.5 * 2**52: x + ROUNDER - ROUNDER is x rounded to the nearest integer, ties to even (as C
+# nearbyint), for |x| < 2**51, which every index is after to_safe_range; cheaper than rint.
+ROUNDER = 6755399441055744.0
+
+
+@kernel
+def round_half_even(value):
+    """nearbyint(value) as an int, for |value| < 2**51."""
+    return int((value + ROUNDER) - ROUNDER)
+
+
+@kernel
 def nearest_tap(ix, iy, iz, sizes, strides, z_lo, z_hi):
     """The voxel nearest to (ix, iy, iz), ties to even: (inside, spatial offset, depth index)."""
-    cx, cy, cz = int(np.rint(ix)), int(np.rint(iy)), int(np.rint(iz))
+    cx, cy, cz = round_half_even(ix), round_half_even(iy), round_half_even(iz)
     inside = (0 <= cx < sizes[2]) and (0 <= cy < sizes[1]) and (max(z_lo, 0) <= cz < min(z_hi, sizes[0]))
     return inside, cz * strides[0] + cy * strides[1] + cx * strides[2], cz
 
@@ -154,5 +175,5 @@ def nearest_tap(ix, iy, iz, sizes, strides, z_lo, z_hi):
 def depth_base(interpolation, iz):
     """The lowest depth index a point's taps can touch (floor for bilinear, rint for nearest)."""
     if interpolation == NEAREST:
-        return int(np.rint(iz))
+        return round_half_even(iz)
     return int(math.floor(iz))

@@ -15,7 +15,7 @@ import torch
 from ..backends import memory_format_of
 from ..modes import Interpolation, Padding
 from .backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
-from .forward import grid_sampler3d_fwd_kernel
+from .forward import forward_kernel
 
 __all__ = ["NumbaBackend"]
 
@@ -74,9 +74,9 @@ class NumbaBackend:
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
         y_flat, y_strides = _flat(y)
-        grid_sampler3d_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels,
-                                  tuple(x.shape[2:]), tuple(grid.shape[1:4]), int(interpolation), int(padding),
-                                  align_corners)
+        kernel = forward_kernel(int(interpolation), int(padding))
+        kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels, tuple(x.shape[2:]),
+               tuple(grid.shape[1:4]), align_corners)
         return y.to(dtype=dtype, memory_format=layout)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
