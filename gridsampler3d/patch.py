@@ -1,0 +1,68 @@
+"""Run ``aten::grid_sampler_3d`` and its backward on this library's kernels (the drop-in).
+
+``patch_torch()`` registers this library's kernels for PyTorch's own operators on the
+CPU (and CUDA where present), in place of PyTorch's: every 5-D ``F.grid_sample`` call —
+in MONAI, kornia or a model of your own — then runs here, unmodified. 4-D calls use other
+operators and are untouched. This overrides an operator registration for the whole
+process (PyTorch warns once that a kernel was overridden); ``unpatch_torch()`` removes the
+override, after which PyTorch's own kernels run again exactly as before.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import api
+
+__all__ = ["patch_torch", "unpatch_torch", "patched", "is_patched"]
+
+_library = None
+
+
+def _forward(input, grid, interpolation_mode, padding_mode, align_corners):
+    return api.grid_sampler3d(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def _backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    dx, dgrid = api.grid_sampler3d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                                            output_mask=tuple(output_mask))
+    # PyTorch's kernel returns an undefined grad_input when it is not asked for.
+    return dx, (torch.zeros_like(grid) if dgrid is None else dgrid)
+
+
+def patch_torch() -> None:
+    """Route ``aten::grid_sampler_3d{,_backward}`` on CPU (and CUDA if available) to this library."""
+    global _library
+    if _library is not None:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    for device in ("CPU", "CUDA") if torch.cuda.is_available() else ("CPU",):
+        library.impl("grid_sampler_3d", _forward, device)
+        library.impl("grid_sampler_3d_backward", _backward, device)
+    _library = library
+
+
+def unpatch_torch() -> None:
+    """Remove the override: PyTorch's own kernels run again."""
+    global _library
+    if _library is not None:
+        _library._destroy()
+        _library = None
+
+
+def is_patched() -> bool:
+    """Whether ``patch_torch()`` is in effect."""
+    return _library is not None
+
+
+@contextlib.contextmanager
+def patched():
+    """``with gridsampler3d.patched(): ...`` runs 5-D ``F.grid_sample`` on this library inside the block."""
+    already = is_patched()
+    patch_torch()
+    try:
+        yield
+    finally:
+        if not already:
+            unpatch_torch()

@@ -1,0 +1,136 @@
+"""PyTorch integration: autograd, custom ops, torch.compile, autocast, Warp3d, the drop-in patch."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import gridsampler3d as gs
+from gridsampler3d import patch as patching
+from gridsampler3d.torch_ops import grid_sampler3d_backward_op, grid_sampler3d_op
+from helpers import MATRIX, make_case, matrix_id
+
+
+def _leaves(data_format="NCDHW", seed=0):
+    _, x, grid = make_case(1, 2, (3, 4, 5), (2, 3, 2), torch.float64, data_format, seed, -1.1, 1.1)
+    return x.requires_grad_(), grid.requires_grad_()
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_gradcheck(attributes, data_format):
+    mode, padding, align_corners = attributes
+    x, grid = _leaves(data_format)
+    if mode == "nearest":  # the grid gradient of nearest is zero (piecewise constant): input only
+        grid.requires_grad_(False)
+    assert torch.autograd.gradcheck(lambda a, b: gs.grid_sample(a, b, mode, padding, align_corners, data_format),
+                                    (x, grid))
+
+
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_grid_sample_equals_torch(attributes):
+    mode, padding, align_corners = attributes
+    x, grid = _leaves(seed=3)
+    ours = gs.grid_sample(x, grid, mode, padding, align_corners)
+    theirs = F.grid_sample(x, grid, mode, padding, align_corners)
+    assert torch.equal(ours, theirs)  # float64: bitwise
+    weights = torch.randn_like(ours)
+    ours_grads = torch.autograd.grad((ours * weights).sum(), (x, grid))
+    theirs_grads = torch.autograd.grad((theirs * weights).sum(), (x, grid))
+    assert all(torch.equal(a, b) for a, b in zip(ours_grads, theirs_grads))
+
+
+@pytest.mark.parametrize("output_mask", [[True, True], [True, False], [False, True]], ids=str)
+def test_opcheck(output_mask):
+    grad, x, grid = make_case(1, 2, (3, 4, 5), (2, 3, 2), torch.float64)
+    opcheck(grid_sampler3d_op, (x, grid, 0, 2, True))
+    opcheck(grid_sampler3d_op, (x.contiguous(memory_format=torch.channels_last_3d), grid, 1, 1, False))
+    opcheck(grid_sampler3d_backward_op, (grad, x, grid, 0, 1, False, output_mask))
+
+
+def test_compile_fullgraph_has_no_graph_break():
+    x, grid = _leaves()
+
+    def loss(volume, sampling_grid):
+        return (gs.grid_sample(volume, sampling_grid, "bilinear", "border", True) ** 2).sum()
+
+    # aot_eager traces the whole graph (fullgraph=True fails on any break) without a C++ build.
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    expected, got = loss(x, grid), compiled(x, grid)
+    assert torch.equal(expected, got)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(expected, (x, grid)),
+                                                 torch.autograd.grad(got, (x, grid))))
+
+
+@pytest.mark.parametrize("needs", [(True, False), (False, True)], ids=["input-only", "grid-only"])
+def test_only_the_gradient_asked_for_is_computed(needs, monkeypatch):
+    x, grid = _leaves()
+    x.requires_grad_(needs[0])
+    grid.requires_grad_(needs[1])
+    masks = []
+    original = gs.api.grid_sampler3d_backward
+
+    def spy(*args, output_mask=(True, True), **kwargs):
+        masks.append(tuple(output_mask))
+        return original(*args, output_mask=output_mask, **kwargs)
+
+    monkeypatch.setattr(gs.api, "grid_sampler3d_backward", spy)
+    gs.grid_sample(x, grid).sum().backward()
+    assert masks == [needs]
+    assert (x.grad is not None) == needs[0] and (grid.grad is not None) == needs[1]
+
+
+def test_autocast_computes_in_float32_like_torch():
+    x, grid = _leaves()
+    x, grid = x.detach().float(), grid.detach().float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = gs.grid_sample(x.bfloat16(), grid, align_corners=False)
+        theirs = F.grid_sample(x.bfloat16(), grid, align_corners=False)
+    assert ours.dtype == theirs.dtype == torch.float32
+    # Not bitwise: in float32 ours sums in float64 and rounds once, PyTorch sums in float32.
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_ndhwc_equals_ncdhw():
+    x, grid = _leaves()
+    ours = gs.grid_sample(x.permute(0, 2, 3, 4, 1), grid, "bilinear", "reflection", False, data_format="NDHWC")
+    assert torch.equal(ours, gs.grid_sample(x, grid, "bilinear", "reflection", False).permute(0, 2, 3, 4, 1))
+
+
+def test_warp3d_identity_and_shift():
+    volume = torch.randn(2, 3, 6, 5, 7, dtype=torch.float64)
+    warp = gs.Warp3d()
+    assert torch.allclose(warp(volume, torch.zeros(2, 3, 6, 5, 7, dtype=torch.float64)), volume, atol=1e-12)
+    shift = torch.zeros(2, 3, 6, 5, 7, dtype=torch.float64)
+    shift[:, 2] = 1.0  # one voxel along x: output[..., i] = volume[..., i + 1]
+    shifted = warp(volume, shift)
+    assert torch.allclose(shifted[..., :-1], volume[..., 1:], atol=1e-12)
+    with pytest.raises(ValueError, match=r"displacement must be \(N, 3, D, H, W\)"):
+        warp(volume, torch.zeros(2, 2, 6, 5, 7, dtype=torch.float64))
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators:UserWarning")
+def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
+    x, grid = _leaves(seed=5)
+    calls = []
+    for name in ("grid_sampler3d", "grid_sampler3d_backward"):
+        original = getattr(gs.api, name)
+        monkeypatch.setattr(patching.api, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+
+    def run():
+        y = F.grid_sample(x, grid, "bilinear", "border", align_corners=True)
+        return (y, *torch.autograd.grad((y * y).sum(), (x, grid)))
+
+    before = run()
+    assert calls == []
+    with gs.patched():
+        assert gs.is_patched()
+        during = run()
+        assert calls == ["grid_sampler3d", "grid_sampler3d_backward"]
+        image = torch.randn(1, 2, 4, 4, dtype=torch.float64)
+        F.grid_sample(image, torch.zeros(1, 2, 2, 2, dtype=torch.float64), align_corners=False)  # 4-D: untouched
+        assert len(calls) == 2
+    assert not gs.is_patched()
+    after = run()
+    assert len(calls) == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, during))  # float64: ours equals PyTorch bitwise
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
