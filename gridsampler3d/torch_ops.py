@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import api
+from . import api, composite
 from .backends import memory_format_of
 from .modes import DataFormat, Interpolation, parse_align_corners, parse_data_format, parse_interpolation, parse_padding
 
@@ -65,6 +65,35 @@ def _backward(ctx, grad_output):
 
 
 grid_sampler3d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _setup_backward_context(ctx, inputs, output):
+    grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask = inputs
+    ctx.save_for_backward(grad, input, grid)
+    ctx.attributes = (interpolation_mode, padding_mode, align_corners)
+    ctx.output_mask = output_mask
+
+
+def _double_backward(ctx, grad_dx, grad_dgrid):
+    """Gradients of <grad_dx, dx> + <grad_dgrid, dgrid> through the differentiable composite."""
+    saved = ctx.saved_tensors
+    with torch.enable_grad():
+        grad, input, grid = (tensor.detach().requires_grad_() for tensor in saved)
+        output = composite.sample(input, grid, *ctx.attributes)
+        dx, dgrid = torch.autograd.grad(output, (input, grid), grad, create_graph=True, allow_unused=True,
+                                        materialize_grads=True)
+        total = output.new_zeros(())
+        if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
+            total = total + (dx * grad_dx).sum()
+        if ctx.output_mask[1] and grad_dgrid is not None and grad_dgrid.numel():
+            total = total + (dgrid * grad_dgrid).sum()
+        if not total.requires_grad:
+            return None, None, None, None, None, None, None
+        grads = torch.autograd.grad(total, (grad, input, grid), allow_unused=True, materialize_grads=True)
+    return (*grads, None, None, None, None)
+
+
+grid_sampler3d_backward_op.register_autograd(_double_backward, setup_context=_setup_backward_context)
 
 
 def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",

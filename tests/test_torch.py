@@ -134,3 +134,25 @@ def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     assert len(calls) == 2
     assert all(torch.equal(a, b) for a, b in zip(before, during))  # float64: ours equals PyTorch bitwise
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True], ids=["noac", "ac"])
+def test_gradgradcheck_bilinear(padding, align_corners, data_format):
+    x, grid = _leaves(data_format, seed=7)
+    assert torch.autograd.gradgradcheck(
+        lambda a, b: gs.grid_sample(a, b, "bilinear", padding, align_corners, data_format), (x, grid))
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+def test_double_backward_matches_torch(padding):
+    x, grid = _leaves(seed=11)
+
+    def second_order(sample):
+        y = sample(x, grid, "bilinear", padding, True)
+        grad_x, grad_grid = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
+        return torch.autograd.grad(grad_grid.square().sum() + (grad_x * grad_x).sum(), (x, grid))
+
+    for ours, theirs in zip(second_order(gs.grid_sample), second_order(F.grid_sample)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
