@@ -1,0 +1,76 @@
+"""grid_sample under DistributedDataParallel: 2 gloo processes train like one process."""
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+import gridsampler3d as gs
+
+STEPS = 3
+
+
+class TinyRegistration(torch.nn.Module):
+    """Predicts a displacement from (moving, fixed) and warps the moving volume with it."""
+
+    def __init__(self):
+        super().__init__()
+        self.field = torch.nn.Conv3d(2, 3, kernel_size=3, padding=1, dtype=torch.float64)
+        self.warp = gs.Warp3d()
+
+    def forward(self, moving, fixed):
+        displacement = self.field(torch.cat([moving, fixed], dim=1))
+        return self.warp(moving, displacement)
+
+
+def _data():
+    generator = torch.Generator().manual_seed(1)
+    moving = torch.rand(4, 1, 6, 7, 5, generator=generator, dtype=torch.float64)
+    fixed = torch.rand(4, 1, 6, 7, 5, generator=generator, dtype=torch.float64)
+    return moving, fixed
+
+
+def _train(model, moving, fixed):
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(STEPS):
+        optimiser.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(moving, fixed), fixed)
+        loss.backward()
+        optimiser.step()
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
+def _worker(rank, world_size, port, result_path):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(TinyRegistration())
+    moving, fixed = _data()
+    shard = slice(rank * 2, rank * 2 + 2)  # each rank trains on its half of the batch
+    parameters = _train(model, moving[shard], fixed[shard])
+    if rank == 0:
+        torch.save(parameters, result_path)
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_ddp_two_processes_equal_one(tmp_path):
+    result_path = tmp_path / "parameters.pt"
+    mp.spawn(_worker, args=(2, _free_port(), str(result_path)), nprocs=2, join=True)
+    torch.manual_seed(0)
+    model = TinyRegistration()
+    initial = [parameter.detach().clone() for parameter in model.parameters()]
+    single = _train(model, *_data())  # the whole batch in one process
+    assert not torch.allclose(single[0], initial[0])  # training moved the weights
+    distributed = torch.load(result_path)
+    assert len(single) == len(distributed)
+    for one, two in zip(single, distributed):
+        torch.testing.assert_close(two, one, rtol=1e-10, atol=1e-12)
