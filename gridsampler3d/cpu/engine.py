@@ -69,7 +69,7 @@ class NumbaBackend:
         dtype, layout = x.dtype, memory_format_of(x)
         x, grid = _kernel_dtype(x), _kernel_dtype(grid)
         batch, channels = x.shape[:2]
-        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=memory_format_of(x))
+        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=layout)
         _threads()
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
@@ -81,6 +81,7 @@ class NumbaBackend:
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
+        # Always deterministic (sums in a fixed order), so ``deterministic`` changes nothing here.
         want_dx, want_dgrid = output_mask
         dtype, layout = x.dtype, memory_format_of(x)
         grad, x, grid = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(grid)
@@ -92,7 +93,7 @@ class NumbaBackend:
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
         dgrid = torch.empty(grid.shape if want_dgrid else (0,), dtype=grid.dtype)
-        dx = torch.empty_like(x, memory_format=memory_format_of(x)) if want_dx else torch.empty(0, dtype=x.dtype)
+        dx = torch.empty_like(x, memory_format=layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
         lowest_depth = np.empty(points, np.int32)
         codes = (int(interpolation), int(padding), align_corners)
