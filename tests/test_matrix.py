@@ -1,5 +1,6 @@
 """The full attribute x dtype x layout matrix against the float64 golden (SPEC section 5)."""
 import pytest
+import torch
 
 from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
 
@@ -13,3 +14,14 @@ def test_backward_and_forward_match_golden(attributes, dtype, data_format, cpu_b
     label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} {data_format} {cpu_backend}"
     assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, cpu_backend, label=label)
     assert_forward_matches(x, grid, mode, padding, align_corners, data_format, cpu_backend, label=label)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_channels_last_with_many_channels(attributes, dtype, cpu_backend):
+    """Enough contiguous channels for the CPU engine's vectorised channel loops."""
+    mode, padding, align_corners = attributes
+    grad, x, grid = make_case(2, 9, (5, 6, 4), (4, 3, 5), dtype, "NDHWC", seed=MATRIX.index(attributes))
+    label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} NDHWC C=9 {cpu_backend}"
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, "NDHWC", cpu_backend, label=label)
+    assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", cpu_backend, label=label)
