@@ -192,6 +192,7 @@ def write_json(report: dict, path) -> None:
 def write_plot(report: dict, path) -> None:
     """A bar chart of the PyTorch / ours time ratios per case, forward and backward."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,6 +207,9 @@ def write_plot(report: dict, path) -> None:
         axes.bar_label(bars, labels=[f"{r:.1f}" for r in ratios], fontsize=7, padding=1)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_yscale("log")
+    ratio_labels = matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}x")
+    axes.yaxis.set_major_formatter(ratio_labels)
+    axes.yaxis.set_minor_formatter(ratio_labels)
     axes.set_xticks(list(positions), names)
     axes.set_ylabel("speed-up over PyTorch (time ratio)")
     machine = report["machine"]
