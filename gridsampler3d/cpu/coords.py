@@ -106,14 +106,26 @@ def point_index(grid, offset, step, sizes, padding, align_corners, forward):
 
 
 @kernel
+def axis_cell(index):
+    """Along one axis: (floor(index) as int, weight of the low tap, weight of the high tap).
+
+    PyTorch's weights: high = index - floor(index), low = (floor(index) + 1) - index.
+    """
+    low = math.floor(index)
+    return int(low), low + 1 - index, index - low
+
+
+@kernel
 def corner_weights(ix, iy, iz):
     """Lowest corner of a trilinear cell and the weights of its low and high sides.
 
-    Returns (x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z) with PyTorch's
-    weights: high = i - floor(i), low = (floor(i) + 1) - i.
+    Returns (x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z), per axis as
+    :func:`axis_cell`.
     """
-    x0, y0, z0 = math.floor(ix), math.floor(iy), math.floor(iz)
-    return int(x0), int(y0), int(z0), x0 + 1 - ix, y0 + 1 - iy, z0 + 1 - iz, ix - x0, iy - y0, iz - z0
+    x0, low_x, high_x = axis_cell(ix)
+    y0, low_y, high_y = axis_cell(iy)
+    z0, low_z, high_z = axis_cell(iz)
+    return x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z
 
 
 @kernel
@@ -140,16 +152,6 @@ def trilinear_tap(tap, cell, sizes, strides, z_lo, z_hi):
 def tap_sign(tap, axis):
     """Sign of d weight / d index of tap ``tap`` along ``axis`` (0 x, 1 y, 2 z)."""
     return 1.0 if (tap >> axis) & 1 else -1.0
-
-
-@kernel
-def axis_cell(index):
-    """Along one axis: (floor(index) as int, weight of the low tap, weight of the high tap).
-
-    PyTorch's weights: high = index - floor(index), low = (floor(index) + 1) - index.
-    """
-    low = math.floor(index)
-    return int(low), low + 1 - index, index - low
 
 
 # 1.5 * 2**52: x + ROUNDER - ROUNDER is x rounded to the nearest integer, ties to even (as C
