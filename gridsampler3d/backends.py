@@ -58,15 +58,34 @@ class ReferenceBackend:
         return dx, dgrid
 
 
-def _registry():
-    from .cpu import NumbaBackend
+class _Missing:
+    """Stands in for a backend whose module cannot be imported here."""
 
-    return {"numba": NumbaBackend(), "reference": ReferenceBackend()}
+    def __init__(self, name: str, error: ImportError):
+        self.name, self._reason = name, f"cannot be imported: {error}"
+
+    def unavailable_reason(self) -> str | None:
+        return self._reason
+
+    def supports(self, device: torch.device) -> bool:
+        return False
+
+
+def _registry():
+    try:
+        from .cpu import NumbaBackend
+
+        numba = NumbaBackend()
+    except ImportError as error:
+        numba = _Missing("numba", error)
+    from .gpu import TritonBackend  # imports Triton only when a kernel first runs
+
+    return {"numba": numba, "triton": TritonBackend(), "reference": ReferenceBackend()}
 
 
 BACKENDS = _registry()
 # Preference order of "auto" per device type; the first available one that supports it wins.
-_AUTO_ORDER = {"cpu": ("numba", "reference"), "cuda": ("reference",)}
+_AUTO_ORDER = {"cpu": ("numba", "reference"), "cuda": ("triton", "reference")}
 
 
 def select_backend(name: str, device: torch.device):

@@ -1,11 +1,23 @@
-import pytest
+import importlib.util
+import os
 
-import gridsampler3d as gs
+import torch
 
-CPU_BACKENDS = [name for name in gs.available_backends() if name in ("reference", "numba")]
+# Without a GPU, run the Triton kernels through Triton's CPU interpreter: it must be chosen
+# before Triton is first imported.
+if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import gridsampler3d as gs  # noqa: E402
+
+CPU_BACKENDS = [name for name in gs.available_backends()
+                if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(
+                    torch.device("cpu")))]
 
 
 @pytest.fixture(params=CPU_BACKENDS)
 def cpu_backend(request):
-    """Every backend that runs on CPU tensors here."""
+    """Every backend that runs on CPU tensors here (Triton through its interpreter when there is no GPU)."""
     return request.param

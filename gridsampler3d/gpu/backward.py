@@ -1,0 +1,174 @@
+"""Backward kernels of the GPU engine.
+
+``grid_sampler3d_bwd_kernel`` walks blocks of points once: dgrid (a per-point sum over
+channels and taps, no atomics, the same in both modes) and, in the fast mode, dx by
+atomic adds of ``grad * weight`` into each tap.
+
+The deterministic mode builds dx as a gather instead (docs/gpu.md): ``bucket_keys_kernel``
+gives every point the key of its lowest corner (one past the end when no tap can land
+inside), a stable sort groups points by key in point order, and ``dx_gather_kernel``
+gives each voxel its sum over the (up to eight) buckets whose cells touch it, in a fixed
+order: taps in PyTorch's order, points ascending within a bucket. Nothing depends on
+timing, so the result is bitwise the same on every run.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight
+
+
+@triton.jit
+def grid_sampler3d_bwd_kernel(
+    grad_ptr, x_ptr, grid_ptr, dx_ptr, dgrid_ptr,
+    points, channels, depth, height, width, out_depth, out_height, out_width,
+    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
+    x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
+    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
+    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """dx += grad pushed through the taps (atomics, WANT_DX); dgrid (N, Do, Ho, Wo, 3) contiguous (WANT_DGRID).
+
+    ``dx`` is zeroed by the caller and has the accumulation dtype ``ACC``; every program
+    loops over all channels so that its dgrid sums are complete.
+    """
+    point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    point_mask = point < points
+    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
+                               grid_stride_h, grid_stride_w)
+    ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
+                                           PADDING, ALIGN_CORNERS, False)
+    batch = point // (out_depth * out_height * out_width)
+    grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
+                               grad_stride_h, grad_stride_w)
+    x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
+    # dgrid sums many terms of both signs, where float32 loses most: it is summed in float64.
+    grad_x = tl.zeros([BLOCK_P], tl.float64)
+    grad_y = tl.zeros([BLOCK_P], tl.float64)
+    grad_z = tl.zeros([BLOCK_P], tl.float64)
+    for first_channel in range(0, channels, BLOCK_C):
+        channel = first_channel + tl.arange(0, BLOCK_C).to(tl.int64)
+        tile_mask = point_mask[:, None] & (channel < channels)[None, :]
+        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask,
+                       other=0.0).to(ACC)
+        grad_wide = grad.to(tl.float64)
+        if INTERPOLATION == NEAREST:
+            inside = (x0 >= 0) & (x0 < width) & (y0 >= 0) & (y0 < height) & (z0 >= 0) & (z0 < depth)
+            offset = batch * dx_stride_n + z0 * dx_stride_d + y0 * dx_stride_h + x0 * dx_stride_w
+            tl.atomic_add(dx_ptr + offset[:, None] + (channel * dx_stride_c)[None, :], grad,
+                          mask=tile_mask & inside[:, None], sem="relaxed")
+        else:
+            for tap in tl.static_range(8):
+                step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+                cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
+                inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
+                tap_mask = tile_mask & inside[:, None]
+                wx = tap_weight(ix, x0, step_x)
+                wy = tap_weight(iy, y0, step_y)
+                wz = tap_weight(iz, z0, step_z)
+                if WANT_DX:
+                    offset = batch * dx_stride_n + cz * dx_stride_d + cy * dx_stride_h + cx * dx_stride_w
+                    tl.atomic_add(dx_ptr + offset[:, None] + (channel * dx_stride_c)[None, :],
+                                  grad * (wx * wy * wz).to(ACC)[:, None], mask=tap_mask, sem="relaxed")
+                if WANT_DGRID:
+                    offset = batch * x_stride_n + cz * x_stride_d + cy * x_stride_h + cx * x_stride_w
+                    value = tl.load(x_ptr + offset[:, None] + (channel * x_stride_c)[None, :], mask=tap_mask,
+                                    other=0.0).to(tl.float64)
+                    # d weight / d index is +-1 along the stepped axis times the other two weights.
+                    # Each term is value * w * w * grad, PyTorch's order, so that one channel per
+                    # block (float64) sums exactly as PyTorch does. An outside tap contributes
+                    # nothing, not even 0 * an infinite grad.
+                    term_x = tl.sum(tl.where(tap_mask, value * wy[:, None] * wz[:, None] * grad_wide, 0.0), axis=1)
+                    term_y = tl.sum(tl.where(tap_mask, value * wx[:, None] * wz[:, None] * grad_wide, 0.0), axis=1)
+                    term_z = tl.sum(tl.where(tap_mask, value * wx[:, None] * wy[:, None] * grad_wide, 0.0), axis=1)
+                    grad_x += term_x if step_x else -term_x
+                    grad_y += term_y if step_y else -term_y
+                    grad_z += term_z if step_z else -term_z
+    if WANT_DGRID:
+        out = dgrid_ptr + point * 3
+        tl.store(out, grad_x * mx, mask=point_mask)
+        tl.store(out + 1, grad_y * my, mask=point_mask)
+        tl.store(out + 2, grad_z * mz, mask=point_mask)
+
+
+@triton.jit
+def bucket_keys_kernel(
+    grid_ptr, keys_ptr, points, depth, height, width, out_depth, out_height, out_width,
+    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """keys[p] (int64): the lowest corner of point p's cell in the padded (N, D+1, H+1, W+1) index space.
+
+    Corners run from -1 (stored as 0) so that every cell with a tap inside has a key; a
+    point with none gets N*(D+1)*(H+1)*(W+1), which sorts last and belongs to no voxel.
+    """
+    point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    point_mask = point < points
+    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
+                               grid_stride_h, grid_stride_w)
+    ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
+                                        PADDING, ALIGN_CORNERS, False)
+    x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
+    lowest = 0 if INTERPOLATION == NEAREST else -1
+    touches = ((x0 >= lowest) & (x0 < width) & (y0 >= lowest) & (y0 < height) & (z0 >= lowest)
+               & (z0 < depth))
+    batch = point // (out_depth * out_height * out_width)
+    key = ((batch * (depth + 1) + z0 + 1) * (height + 1) + y0 + 1) * (width + 1) + x0 + 1
+    beyond = (points // (out_depth * out_height * out_width)) * (depth + 1) * (height + 1) * (width + 1)
+    tl.store(keys_ptr + point, tl.where(touches, key, beyond), mask=point_mask)
+
+
+@triton.jit
+def dx_gather_kernel(
+    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr,
+    voxels, channels, depth, height, width, out_depth, out_height, out_width,
+    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
+    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
+    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
+
+    ``order`` lists point indices sorted (stably) by key; ``starts[k]`` is where key k's
+    bucket begins in it (``starts[k + 1]`` where it ends).
+    """
+    voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    voxel_mask = voxel < voxels
+    channel_mask = (channel < channels)[None, :]
+    vx = voxel % width
+    vy = (voxel // width) % height
+    vz = (voxel // (width * height)) % depth
+    batch = voxel // (width * height * depth)
+    total = tl.zeros([BLOCK_V, BLOCK_C], ACC)
+    for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
+        step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+        # The bucket of cells whose tap (step_x, step_y, step_z) is this voxel.
+        key = ((batch * (depth + 1) + vz - step_z + 1) * (height + 1) + vy - step_y + 1) * (width + 1) + vx - step_x + 1
+        first = tl.load(starts_ptr + key, mask=voxel_mask, other=0)
+        count = tl.load(starts_ptr + key + 1, mask=voxel_mask, other=0) - first
+        for k in range(0, tl.max(count, axis=0)):
+            live = voxel_mask & (k < count)
+            point = tl.load(order_ptr + first + k, mask=live, other=0)
+            grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
+                                       grid_stride_h, grid_stride_w)
+            grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
+                                       grad_stride_h, grad_stride_w)
+            grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
+                           mask=live[:, None] & channel_mask, other=0.0).to(ACC)
+            if INTERPOLATION == NEAREST:
+                total += grad
+            else:
+                ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width,
+                                                    PADDING, ALIGN_CORNERS, False)
+                weight = (tap_weight(ix, base_corner(ix, INTERPOLATION), step_x)
+                          * tap_weight(iy, base_corner(iy, INTERPOLATION), step_y)
+                          * tap_weight(iz, base_corner(iz, INTERPOLATION), step_z))
+                total += grad * weight.to(ACC)[:, None]
+    out_offset = batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w
+    tl.store(dx_ptr + out_offset[:, None] + (channel * dx_stride_c)[None, :], total,
+             mask=voxel_mask[:, None] & channel_mask)

@@ -1,0 +1,126 @@
+"""Coordinate rules of the GPU engine: unnormalise, pad (clip / reflect), their slopes, taps.
+
+Triton twins of :mod:`gridsampler3d.reference`'s rules, element-wise over a block of
+points. Indices, weights and multipliers are computed in float64 whatever the data's
+dtype, so a float32 coordinate near an integer rounds the way the golden's does; the
+kernels round weights to their accumulation type afterwards. The kernels call these and
+nothing else for coordinates.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+INT_MAX: tl.constexpr = 2147483647
+INT_MIN: tl.constexpr = -2147483648
+OUT_OF_RANGE: tl.constexpr = -100.0
+# 1.5 * 2**52: (x + ROUNDER) - ROUNDER rounds x to the nearest integer, ties to even (C
+# nearbyint), for |x| < 2**51, which every index is after safe_range.
+ROUNDER: tl.constexpr = 6755399441055744.0
+
+# The values of modes.Interpolation / Padding, as compile-time constants.
+BILINEAR: tl.constexpr = 0
+NEAREST: tl.constexpr = 1
+ZEROS: tl.constexpr = 0
+BORDER: tl.constexpr = 1
+REFLECTION: tl.constexpr = 2
+
+
+@triton.jit
+def reflect(index, twice_low, twice_high):
+    """Reflect about [twice_low / 2, twice_high / 2] (float64): (index, gradient sign)."""
+    low = twice_low / 2.0
+    span = (twice_high - twice_low) / 2.0
+    shifted = index - low
+    sign = tl.where(shifted < 0, -1.0, 1.0)
+    shifted = tl.abs(shifted)
+    # shifted >= 0 and span > 0, so % (C fmod) is exact here.
+    extra = shifted % span
+    flips = tl.floor(shifted / span)
+    # C++ casts the flip count to int: past INT_MAX (or NaN) it is INT_MIN, which is even.
+    flips = tl.where(flips <= INT_MAX, flips, 0.0)
+    odd = (flips.to(tl.int64) % 2) == 1
+    reflected = tl.where(odd, span - extra + low, extra + low)
+    sign = tl.where(odd, -sign, sign)
+    degenerate = twice_low == twice_high
+    return tl.where(degenerate, 0.0, reflected), tl.where(degenerate, 0.0, sign)
+
+
+@triton.jit
+def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr):
+    """Voxel index and d index / d coord (both float64) of normalised coordinates along ``size`` voxels.
+
+    ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
+    padding (clipped to ``size - 1``); the backward lets it fall out of range.
+    """
+    coord = coord.to(tl.float64)
+    extent = size.to(tl.float64)
+    if ALIGN_CORNERS:
+        index = (coord + 1.0) / 2.0 * (extent - 1.0)
+        multiplier = tl.zeros_like(coord) + (extent - 1.0) / 2.0
+    else:
+        index = ((coord + 1.0) * extent - 1.0) / 2.0
+        multiplier = tl.zeros_like(coord) + extent / 2.0
+    if PADDING == REFLECTION:
+        if ALIGN_CORNERS:
+            index, sign = reflect(index, 0.0, 2.0 * (extent - 1.0))
+        else:
+            index, sign = reflect(index, -1.0, 2.0 * extent - 1.0)
+        multiplier = multiplier * sign
+    if PADDING != ZEROS:
+        was_nan = index != index
+        upper = extent - 1.0
+        # The clip's bounds count as outside (gradient 0); NaN passes with 1.
+        inside = tl.where((index <= 0.0) | (index >= upper), 0.0, 1.0)
+        index = tl.where(index <= 0.0, 0.0, tl.where(index >= upper, upper, index))
+        multiplier = multiplier * inside
+        if FORWARD:
+            index = tl.where(was_nan, upper, index)
+    # NaN, +-inf and values outside the int32 range become an out-of-bounds index.
+    safe = (index <= INT_MAX - 1) & (index >= INT_MIN)
+    return tl.where(safe, index, OUT_OF_RANGE), multiplier
+
+
+@triton.jit
+def point_indices(grid_ptr, offset, step, mask, depth, height, width, PADDING: tl.constexpr,
+                  ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr):
+    """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart)."""
+    gx = tl.load(grid_ptr + offset, mask=mask, other=0.0)
+    gy = tl.load(grid_ptr + offset + step, mask=mask, other=0.0)
+    gz = tl.load(grid_ptr + offset + 2 * step, mask=mask, other=0.0)
+    ix, mx = source_index(gx, width, PADDING, ALIGN_CORNERS, FORWARD)
+    iy, my = source_index(gy, height, PADDING, ALIGN_CORNERS, FORWARD)
+    iz, mz = source_index(gz, depth, PADDING, ALIGN_CORNERS, FORWARD)
+    return ix, iy, iz, mx, my, mz
+
+
+@triton.jit
+def nearest_voxel(index):
+    """nearbyint(index) as int64 (ties to even)."""
+    return ((index + ROUNDER) - ROUNDER).to(tl.int64)
+
+
+@triton.jit
+def base_corner(index, INTERPOLATION: tl.constexpr):
+    """The lowest tap along one axis, int64: floor for trilinear, nearbyint for nearest."""
+    if INTERPOLATION == NEAREST:
+        return nearest_voxel(index)
+    return tl.floor(index).to(tl.int64)
+
+
+@triton.jit
+def tap_weight(index, corner, STEP: tl.constexpr):
+    """Linear weight (float64) of the tap ``corner + STEP`` (STEP 0 or 1) of ``index``."""
+    if STEP == 1:
+        return index - corner.to(tl.float64)
+    return (corner + 1).to(tl.float64) - index
+
+
+@triton.jit
+def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, stride_h, stride_w):
+    """Element offset (int64) of output point ``point`` (flat over N, Do, Ho, Wo) in a tensor with these strides."""
+    w = point % out_width
+    h = (point // out_width) % out_height
+    d = (point // (out_width * out_height)) % out_depth
+    n = point // (out_width * out_height * out_depth)
+    return n * stride_n + d * stride_d + h * stride_h + w * stride_w

@@ -1,0 +1,152 @@
+"""The Triton backend: launches the GPU kernels on torch tensors, read in place through their strides.
+
+Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
+set before Triton is imported), which is how the kernels are tested without a GPU.
+float16 and bfloat16 accumulate in float32; float32 in float32; float64 in float64;
+indices and weights are computed in float64 throughout.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+
+import torch
+
+from ..backends import memory_format_of
+from ..modes import Interpolation, Padding
+
+__all__ = ["TritonBackend", "interpreter_enabled"]
+
+
+def interpreter_enabled() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _kernels():
+    # Imported on first use: Triton takes a while to import and is optional.
+    from . import backward, forward
+
+    return forward, backward
+
+
+def _accumulator(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels write an output of ``dtype`` in.
+
+    The dtype itself, except bfloat16 under the interpreter, whose float32 -> bfloat16
+    conversion truncates (a GPU rounds to nearest even): there the kernels write float32
+    and torch rounds.
+    """
+    return torch.float32 if dtype == torch.bfloat16 and interpreter_enabled() else dtype
+
+
+def _blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
+    """(points, channels) per program: up to 16 channels wide, about ``tile`` elements in all."""
+    block_c = 1
+    while block_c < min(channels, 16):
+        block_c *= 2
+    block_p = max(16, min(256, tile // block_c))
+    return block_p, block_c
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _on_device(device: torch.device):
+    """Launch on ``device``'s GPU (Triton launches on the current one)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+class TritonBackend:
+    """Triton kernels for CUDA tensors (see ``gridsampler3d.gpu``); fast (atomic) or deterministic backward."""
+
+    name = "triton"
+
+    def unavailable_reason(self) -> str | None:
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed (pip install triton)"
+        if not torch.cuda.is_available() and not interpreter_enabled():
+            return "no CUDA device (TRITON_INTERPRET=1 runs the kernels on the CPU through Triton's interpreter)"
+        return None
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
+
+    def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        forward, _ = _kernels()
+        batch, channels = x.shape[:2]
+        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=_store_dtype(x.dtype), device=x.device,
+                        memory_format=memory_format_of(x))
+        points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+        block_p, block_c = _blocks(channels)
+        with _on_device(x.device):
+            forward.grid_sampler3d_fwd_kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
+                x, grid, y, points, channels, *x.shape[2:], *grid.shape[1:4], *x.stride(), *grid.stride(),
+                *y.stride(), INTERPOLATION=int(interpolation), PADDING=int(padding), ALIGN_CORNERS=align_corners,
+                ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c)
+        return y.to(x.dtype)
+
+    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
+                 output_mask, deterministic: bool):
+        _, backward = _kernels()
+        want_dx, want_dgrid = output_mask
+        batch, channels = x.shape[:2]
+        points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+        layout = memory_format_of(x)
+        modes = dict(INTERPOLATION=int(interpolation), PADDING=int(padding), ALIGN_CORNERS=align_corners)
+        acc = _accumulator(x.dtype)
+        dgrid = torch.empty(grid.shape, dtype=_store_dtype(grid.dtype), device=grid.device) if want_dgrid else None
+        kernel_dgrid = want_dgrid
+        if want_dgrid and interpolation == Interpolation.NEAREST:
+            dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
+            kernel_dgrid = False
+        atomic_dx = want_dx and not deterministic
+        dx = None
+        if atomic_dx:
+            # Atomics add into a zeroed buffer of the accumulation dtype (float32 for half types).
+            acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+            dx = torch.zeros_like(x, dtype=acc_dtype, memory_format=layout)
+        with _on_device(x.device):
+            if atomic_dx or kernel_dgrid:
+                block_p, block_c = _blocks(channels, tile=1024)
+                if x.dtype == torch.float64:
+                    block_c = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
+                target = dx if atomic_dx else x
+                backward.grid_sampler3d_bwd_kernel[(_cdiv(points, block_p),)](
+                    grad, x, grid, target, dgrid if kernel_dgrid else grid, points, channels, *x.shape[2:],
+                    *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(), *target.stride(), **modes, ACC=acc,
+                    WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c)
+            if atomic_dx:
+                dx = dx.to(x.dtype)
+            elif want_dx:
+                dx = self._gathered_dx(backward, grad, x, grid, points, modes, acc)
+        return dx, (dgrid.to(grid.dtype) if want_dgrid else None)
+
+    @staticmethod
+    def _gathered_dx(backward, grad, x, grid, points, modes, acc):
+        """The deterministic dx: bucket points by their lowest corner, then gather per voxel."""
+        batch, channels, depth, height, width = x.shape
+        keys = torch.empty(points, dtype=torch.int64, device=x.device)
+        block_p = 256
+        backward.bucket_keys_kernel[(_cdiv(points, block_p),)](
+            grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
+        sorted_keys, order = torch.sort(keys, stable=True)
+        buckets = batch * (depth + 1) * (height + 1) * (width + 1)
+        starts = torch.searchsorted(sorted_keys, torch.arange(buckets + 1, device=x.device), out_int32=points < 2**31)
+        dx = torch.empty_like(x, dtype=_store_dtype(x.dtype), memory_format=memory_format_of(x))
+        voxels = batch * depth * height * width
+        block_v, block_c = _blocks(channels, tile=1024)
+        backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
+            grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
+            *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c)
+        return dx.to(x.dtype)

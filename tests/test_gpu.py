@@ -1,0 +1,164 @@
+"""The Triton engine: both backward modes against the golden, determinism, every element written.
+
+Without a GPU the kernels run on CPU tensors through Triton's interpreter (conftest sets
+TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
+"""
+import importlib.util
+
+import pytest
+import torch
+
+import gridsampler3d as gs
+from gridsampler3d import precision
+from gridsampler3d.backends import BACKENDS
+from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+cuda = pytest.mark.skipif(not (HAS_TRITON and HAS_CUDA), reason="needs a CUDA GPU")
+DEVICE = "cuda" if HAS_CUDA else "cpu"  # CPU tensors run through the interpreter
+
+
+def _on(device, *tensors):
+    return tuple(t.to(device) for t in tensors)
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_deterministic_mode_matches_golden(attributes, dtype, data_format):
+    mode, padding, align_corners = attributes
+    grad, x, grid = _on(DEVICE, *make_case(dtype=dtype, data_format=data_format, seed=MATRIX.index(attributes)))
+    label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} {data_format} triton deterministic"
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label,
+                            deterministic=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_many_points_per_voxel(attributes, deterministic):
+    """Output three times finer than the input along each axis: up to 8 * 27 contributions per voxel."""
+    mode, padding, align_corners = attributes
+    grad, x, grid = _on(DEVICE, *make_case(2, 5, (3, 4, 3), (9, 11, 10), torch.float32, "NDHWC", seed=7))
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, "NDHWC", "triton",
+                            label=f"{matrix_id(attributes)} dense", deterministic=deterministic)
+    assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", "triton", label=matrix_id(attributes))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+def test_deterministic_mode_is_bitwise_reproducible(dtype):
+    grad, x, grid = _on(DEVICE, *make_case(1, 6, (4, 5, 6), (12, 10, 11), dtype, seed=3))
+    first = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
+    for _ in range(3):
+        again = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_dgrid_is_the_same_in_both_modes():
+    grad, x, grid = _on(DEVICE, *make_case(2, 4, (5, 6, 7), (6, 5, 4), torch.float32, seed=5))
+    _, fast = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=False)
+    _, exact = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
+    assert torch.equal(fast, exact)
+
+
+def test_deterministic_none_follows_torch_flag(monkeypatch):
+    engine = BACKENDS["triton"]
+    calls = []
+    original = type(engine)._gathered_dx
+
+    def spy(*args, **kwargs):
+        calls.append(True)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(type(engine), "_gathered_dx", staticmethod(spy))
+    grad, x, grid = _on(DEVICE, *make_case(1, 2, (4, 4, 4), (3, 3, 3), torch.float32))
+    gs.grid_sampler3d_backward(grad, x, grid, backend="triton")
+    assert not calls
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        gs.grid_sampler3d_backward(grad, x, grid, backend="triton")
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert calls
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_every_output_element_is_written(monkeypatch, mode, deterministic):
+    """Outputs are allocated NaN-poisoned; any element a kernel misses shows up against the golden."""
+    for name in ("empty", "empty_like"):
+        allocate = getattr(torch, name)
+
+        def poisoned(*args, _allocate=allocate, **kwargs):
+            tensor = _allocate(*args, **kwargs)
+            return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+        monkeypatch.setattr(torch, name, poisoned)
+    # Points crowd into one corner: most voxels of dx receive nothing and must still be written (zeros).
+    grad, x, grid = make_case(2, 3, (6, 5, 7), (4, 3, 5), torch.float32, seed=11, low=-1.0, high=-0.6)
+    grad, x, grid = _on(DEVICE, grad, x, grid)
+    assert_backward_matches(grad, x, grid, mode, "zeros", False, backend="triton", label="poisoned",
+                            deterministic=deterministic)
+    assert_forward_matches(x, grid, mode, "zeros", False, backend="triton", label="poisoned")
+
+
+def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = BACKENDS["triton"].unavailable_reason()
+    assert reason is not None and "TRITON_INTERPRET" in reason
+
+
+@cuda
+def test_auto_uses_triton_on_cuda():
+    assert gs.backends.select_backend("auto", torch.device("cuda")).name == "triton"
+
+
+@cuda
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_cuda_fast_mode_matches_golden(attributes, dtype, data_format):
+    mode, padding, align_corners = attributes
+    grad, x, grid = _on("cuda", *make_case(2, 16, (9, 10, 11), (12, 8, 9), dtype, data_format, seed=1))
+    label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} {data_format} cuda fast"
+    assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label,
+                            deterministic=False)
+    assert_forward_matches(x, grid, mode, padding, align_corners, data_format, "triton", label=label)
+
+
+@cuda
+def test_cuda_runs_under_deterministic_algorithms():
+    grad, x, grid = _on("cuda", *make_case(1, 8, (16, 16, 16), (24, 24, 24), torch.float32, seed=2))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = gs.grid_sampler3d_backward(grad, x, grid)
+        again = gs.grid_sampler3d_backward(grad, x, grid)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@cuda
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_cuda_offsets_beyond_int32(deterministic):
+    """A float32 volume of 1300^3 = 2.2e9 voxels (8.8 GB): gathers and scatters at its far corner."""
+    side = 1300
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs about 30 GiB of GPU memory")
+    x = torch.zeros(1, 1, side, side, side, device="cuda")
+    corner = torch.arange(1, 9, dtype=torch.float32, device="cuda").view(2, 2, 2)
+    x[0, 0, -2:, -2:, -2:] = corner
+    centres = torch.tensor([(2 * index + 1) / side - 1 for index in (side - 2, side - 1)], dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(centres, centres, centres, indexing="ij"), dim=-1).flip(-1)
+    grid = grid.to(torch.float32).cuda().unsqueeze(0)  # (1, 2, 2, 2, 3): the last 2x2x2 voxel centres
+    y = gs.grid_sampler3d(x, grid)
+    assert torch.allclose(y[0, 0], corner, atol=1e-3)
+    dx, dgrid = gs.grid_sampler3d_backward(torch.ones_like(y), x, grid, deterministic=deterministic)
+    assert torch.allclose(dx[0, 0, -2:, -2:, -2:], torch.ones_like(corner), atol=1e-3)
+    assert dx.sum().item() == pytest.approx(8.0, abs=1e-3)
+    assert torch.isfinite(dgrid).all()
+    del x, dx
