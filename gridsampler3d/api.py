@@ -30,13 +30,6 @@ def _from_ncdhw(tensor: torch.Tensor, data_format: DataFormat) -> torch.Tensor:
     return tensor
 
 
-def _supported(interpolation: Interpolation) -> Interpolation:
-    if interpolation == Interpolation.BICUBIC:
-        raise NotImplementedError("interpolation_mode 'bicubic' (2) is not available for 3-D sampling yet; "
-                                  "use 'bilinear' (0) or 'nearest' (1)")
-    return interpolation
-
-
 def _like_caller(tensor, reference_operand):
     """Return ``tensor`` as the same kind (NumPy array or torch tensor) as the caller's operand."""
     if tensor is None or isinstance(reference_operand, torch.Tensor):
@@ -63,7 +56,7 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
         The sampled volume, (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C), of the kind, dtype,
         device and layout of ``input``.
     """
-    interpolation = _supported(parse_interpolation(interpolation_mode))
+    interpolation = parse_interpolation(interpolation_mode)
     padding = parse_padding(padding_mode)
     align_corners = parse_align_corners(align_corners)
     data_format = parse_data_format(data_format)
@@ -102,7 +95,7 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
         All operands share one dtype and device; torch tensors in, torch tensors out,
         NumPy arrays in, NumPy arrays out.
     """
-    interpolation = _supported(parse_interpolation(interpolation_mode))
+    interpolation = parse_interpolation(interpolation_mode)
     padding = parse_padding(padding_mode)
     align_corners = parse_align_corners(align_corners)
     output_mask = parse_output_mask(output_mask)

@@ -49,13 +49,58 @@ def _source_index(coord, size: int, padding: Padding, align_corners: bool):
     return torch.where(bad, torch.full_like(index, -100.0), index)
 
 
+def _unnormalize(coord, size: int, align_corners: bool):
+    return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+
+
+def _pad_tap(coord, size: int, padding: Padding, align_corners: bool):
+    """Where padding sends an integer tap coordinate (no gradient flows through it)."""
+    if padding == Padding.REFLECTION:
+        coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
+    if padding != Padding.ZEROS:
+        coord = _clip(coord, size)
+    bad = ~torch.isfinite(coord) | (coord > _INT_MAX - 1) | (coord < _INT_MIN)
+    return torch.trunc(torch.where(bad, torch.full_like(coord, -100.0), coord))
+
+
+_A = -0.75
+
+
+def _cubic_weights(t):
+    """The four cubic convolution weights (taps floor - 1 .. floor + 2) at fraction t."""
+    def near(x):
+        return ((_A + 2) * x - (_A + 3)) * x * x + 1
+
+    def far(x):
+        return ((_A * x - 5 * _A) * x + 8 * _A) * x - 4 * _A
+
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape):
+    depth, height, width = x.shape[2:]
+    sizes = (width, height, depth)
+    index = [_unnormalize(grid[..., axis], size, align_corners) for axis, size in enumerate(sizes)]
+    lows = [torch.floor(i).detach() for i in index]
+    weights = [_cubic_weights(i - low) for i, low in zip(index, lows)]
+    corners = [[_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)]
+               for low, size in zip(lows, sizes)]
+    output = torch.zeros(out_shape, dtype=x.dtype, device=x.device)
+    for k in range(4):
+        for j in range(4):
+            for i in range(4):
+                values, valid = tap(corners[0][i], corners[1][j], corners[2][k])
+                weight = (weights[0][i] * weights[1][j] * weights[2][k]).unsqueeze(1)
+                # An outside tap reads 0, and still multiplies its weight (PyTorch's 2-D bicubic).
+                output = output + torch.where(valid, values, torch.zeros_like(values)) * weight
+    return output
+
+
 def sample(x, grid, interpolation: int, padding: int, align_corners: bool):
     """Differentiable sampling: x (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo)."""
     interpolation, padding = Interpolation(interpolation), Padding(padding)
     batch, channels, depth, height, width = x.shape
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
-    index = [_source_index(grid[..., axis], size, padding, align_corners)
-             for axis, size in enumerate((width, height, depth))]
     flat = x.reshape(batch, channels, depth * height * width)
 
     def tap(cx, cy, cz):
@@ -63,6 +108,11 @@ def sample(x, grid, interpolation: int, padding: int, align_corners: bool):
         offset = torch.where(valid, (cz * height + cy) * width + cx, torch.zeros_like(cx)).long()
         gathered = flat.gather(2, offset.reshape(batch, 1, -1).expand(batch, channels, -1)).reshape(out_shape)
         return gathered, valid.unsqueeze(1)
+
+    if interpolation == Interpolation.BICUBIC:
+        return _bicubic(x, grid, padding, align_corners, tap, out_shape)
+    index = [_source_index(grid[..., axis], size, padding, align_corners)
+             for axis, size in enumerate((width, height, depth))]
 
     if interpolation == Interpolation.NEAREST:
         values, valid = tap(*(torch.round(i).detach() for i in index))  # round half to even, as nearbyint

@@ -6,6 +6,11 @@ in MONAI, kornia or a model of your own — then runs here, unmodified. 4-D call
 operators and are untouched. This overrides an operator registration for the whole
 process (PyTorch warns once that a kernel was overridden); ``unpatch_torch()`` removes the
 override, after which PyTorch's own kernels run again exactly as before.
+
+PyTorch refuses ``mode="bicubic"`` on 5-D input before it reaches those operators, so
+the patch also wraps ``torch.nn.functional.grid_sample``: a 5-D bicubic call goes to
+:func:`gridsampler3d.grid_sample`, every other call to PyTorch's function unchanged. (Code
+that imported ``grid_sample`` by name before patching keeps PyTorch's refusal.)
 """
 from __future__ import annotations
 
@@ -18,6 +23,16 @@ from . import api
 __all__ = ["patch_torch", "unpatch_torch", "patched", "is_patched"]
 
 _library = None
+_torch_grid_sample = None
+
+
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """``F.grid_sample`` that also takes 5-D bicubic (tricubic) input."""
+    if mode == "bicubic" and input.dim() == 5:
+        from .torch_ops import grid_sample
+
+        return grid_sample(input, grid, mode, padding_mode, bool(align_corners))
+    return _torch_grid_sample(input, grid, mode, padding_mode, align_corners)
 
 
 def _forward(input, grid, interpolation_mode, padding_mode, align_corners):
@@ -33,7 +48,7 @@ def _backward(grad_output, input, grid, interpolation_mode, padding_mode, align_
 
 def patch_torch() -> None:
     """Route ``aten::grid_sampler_3d{,_backward}`` on CPU (and CUDA if available) to this library."""
-    global _library
+    global _library, _torch_grid_sample
     if _library is not None:
         return
     library = torch.library.Library("aten", "IMPL")
@@ -41,14 +56,28 @@ def patch_torch() -> None:
         library.impl("grid_sampler_3d", _forward, device)
         library.impl("grid_sampler_3d_backward", _backward, device)
     _library = library
+    _torch_grid_sample = torch.nn.functional.grid_sample
+    torch.nn.functional.grid_sample = _grid_sample
 
 
 def unpatch_torch() -> None:
     """Remove the override: PyTorch's own kernels run again."""
-    global _library
+    global _library, _torch_grid_sample
     if _library is not None:
         _library._destroy()
         _library = None
+        torch.nn.functional.grid_sample = _torch_grid_sample
+        _torch_grid_sample = None
+_torch_grid_sample = None
+
+
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """``F.grid_sample`` that also takes 5-D bicubic (tricubic) input."""
+    if mode == "bicubic" and input.dim() == 5:
+        from .torch_ops import grid_sample
+
+        return grid_sample(input, grid, mode, padding_mode, bool(align_corners))
+    return _torch_grid_sample(input, grid, mode, padding_mode, align_corners)
 
 
 def is_patched() -> bool:

@@ -2,7 +2,9 @@
 
 Golden: PyTorch's CPU ``aten::grid_sampler_3d{,_backward}`` in float64 on the upcast
 inputs. Competitor: the same op in the output dtype (for float16/bfloat16: in float32 on
-the upcast inputs, rounded back). Per output we measure, over the entries that are
+the upcast inputs, rounded back). PyTorch has no 3-D bicubic: there the golden is the
+float64 reference (itself checked against PyTorch's 2-D bicubic) and the competitor the
+differentiable torch composite run in the compute dtype. Per output we measure, over the entries that are
 finite in the golden rounded to the output dtype,
 
     relative error  e_i = |out_i - golden_i| / max(|golden_i|, floor)
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .modes import DataFormat, parse_data_format, parse_interpolation, parse_padding
+from . import composite, reference
+from .modes import DataFormat, Interpolation, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
            "golden_backward", "competitor_forward", "competitor_backward"]
@@ -110,9 +113,37 @@ def _back(tensor, data_format):
     return tensor.permute(0, 2, 3, 4, 1)
 
 
+def _is_bicubic(interpolation_mode) -> bool:
+    return parse_interpolation(interpolation_mode) == Interpolation.BICUBIC
+
+
+def _bicubic_forward(dtype, x, grid, padding_mode, align_corners):
+    """PyTorch has no 3-D bicubic: float64 is the reference, other dtypes the torch composite in that dtype."""
+    padding = parse_padding(padding_mode)
+    if dtype == torch.float64:
+        return torch.from_numpy(reference.grid_sampler3d_fwd(x.numpy(), grid.numpy(), Interpolation.BICUBIC, padding,
+                                                             bool(align_corners)))
+    return composite.sample(x, grid, int(Interpolation.BICUBIC), int(padding), bool(align_corners))
+
+
+def _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_mask):
+    padding = parse_padding(padding_mode)
+    if dtype == torch.float64:
+        dx, dgrid = reference.grid_sampler3d_bwd(grad.numpy(), x.numpy(), grid.numpy(), Interpolation.BICUBIC,
+                                                 padding, bool(align_corners), (True, True))
+        return torch.from_numpy(dx), torch.from_numpy(dgrid)
+    x, grid = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = composite.sample(x, grid, int(Interpolation.BICUBIC), int(padding), bool(align_corners))
+        return torch.autograd.grad(y, (x, grid), grad)
+
+
 def _forward_in(dtype, input, grid, interpolation_mode, padding_mode, align_corners, data_format):
     codes = _aten_codes(interpolation_mode, padding_mode)
     x = _ncdhw(input, data_format).to(dtype)
+    if _is_bicubic(interpolation_mode):
+        return _back(_bicubic_forward(dtype, x, torch.as_tensor(grid).detach().cpu().to(dtype), padding_mode,
+                                      align_corners), data_format)
     y = torch.ops.aten.grid_sampler_3d(x, torch.as_tensor(grid).detach().cpu().to(dtype), *codes,
                                        bool(align_corners))
     return _back(y, data_format)
@@ -126,6 +157,8 @@ def _backward_in(dtype, grad, input, grid, interpolation_mode, padding_mode, ali
     grid = torch.as_tensor(grid).detach().cpu().to(dtype)
     if grad.numel() == 0 or x.numel() == 0:
         dx, dgrid = torch.zeros_like(x), torch.zeros_like(grid)
+    elif _is_bicubic(interpolation_mode):
+        dx, dgrid = _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_mask)
     else:
         dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, *codes, bool(align_corners),
                                                             list(output_mask))

@@ -19,7 +19,8 @@ import numpy as np
 
 from .modes import Interpolation, Padding
 
-__all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "source_index"]
+__all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "source_index", "cubic_coefficients", "cubic_slopes",
+           "pad_tap"]
 
 INT_MAX = 2**31 - 1
 INT_MIN = -(2**31)
@@ -107,15 +108,18 @@ class Taps(NamedTuple):
     """The taps of P sample points, T taps each.
 
     offset (P, T) int64 linear voxel offsets (0 where invalid); valid (P, T) bool;
-    weight (P, T) = wx * wy * wz; axis_weight (P, T, 3) = (wx, wy, wz); axis_sign (T, 3):
-    the sign of d weight / d index along (x, y, z) for each tap.
+    weight (P, T) = wx * wy * wz; axis_weight (P, T, 3) = (wx, wy, wz); axis_slope
+    (P or 1, T, 3): d (axis weight) / d index along (x, y, z). ``outside_reads_zero``: an
+    invalid tap still takes part in y and dgrid with the value 0 (bicubic, as PyTorch's
+    2-D bicubic), instead of being skipped (bilinear, nearest).
     """
 
     offset: np.ndarray
     valid: np.ndarray
     weight: np.ndarray
     axis_weight: np.ndarray
-    axis_sign: np.ndarray
+    axis_slope: np.ndarray
+    outside_reads_zero: bool = False
 
 
 def _voxel_taps(corners, sizes) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +137,7 @@ def _bilinear_taps(index, sizes) -> Taps:
     weight_high = index - low
     weight_low = (low + 1) - index
     low = low.astype(np.int64)
-    offsets, valids, axis_weights, axis_signs = [], [], [], []
+    offsets, valids, axis_weights, axis_slopes = [], [], [], []
     for dz in (0, 1):
         for dy in (0, 1):
             for dx in (0, 1):
@@ -142,32 +146,109 @@ def _bilinear_taps(index, sizes) -> Taps:
                 offsets.append(offset)
                 valids.append(valid)
                 axis_weights.append(np.where(step == 1, weight_high, weight_low))
-                axis_signs.append(np.where(step == 1, 1.0, -1.0))
+                axis_slopes.append(np.where(step == 1, 1.0, -1.0))
     axis_weight = np.stack(axis_weights, 1)
     weight = axis_weight[..., 0] * axis_weight[..., 1] * axis_weight[..., 2]
-    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_signs))
+    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_slopes)[None])
 
 
 def _nearest_taps(index, sizes) -> Taps:
     """One tap at the nearest voxel, ties to even (C ``nearbyint``)."""
     offset, valid = _voxel_taps(np.rint(index).astype(np.int64), sizes)
     points = index.shape[0]
-    return Taps(offset[:, None], valid[:, None], np.ones((points, 1)), np.ones((points, 1, 3)), np.zeros((1, 3)))
+    return Taps(offset[:, None], valid[:, None], np.ones((points, 1)), np.ones((points, 1, 3)), np.zeros((1, 1, 3)))
+
+
+CUBIC_A = -0.75  # the cubic convolution constant of PyTorch's (and OpenCV's) bicubic
+
+
+def cubic_coefficients(t):
+    """Weights (4, P) of taps floor - 1 .. floor + 2 at fraction ``t`` = index - floor(index).
+
+    Keys' cubic convolution with A = -0.75, written as PyTorch evaluates it.
+    """
+    a = CUBIC_A
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return np.stack([far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)])
+
+
+def cubic_slopes(t):
+    """d weight / d t (4, P) of :func:`cubic_coefficients` (PyTorch's gradient coefficients, negated)."""
+    a = CUBIC_A
+    x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
+    return -np.stack([(-3 * a * x0 - 10 * a) * x0 - 8 * a, (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
+                      (3 * (a + 2) * x2 - 2 * (a + 3)) * x2, (3 * a * x3 - 10 * a) * x3 + 8 * a])
+
+
+def pad_tap(coord, size: int, padding: Padding, align_corners: bool):
+    """Where padding sends the integer tap coordinate ``coord``: PyTorch's ``compute_coordinates``.
+
+    Border clips, reflection reflects and clips; anything then unusable falls out of range.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        if padding == Padding.REFLECTION:
+            if align_corners:
+                coord, _ = reflect_with_grad(coord, 0, 2 * (size - 1))
+            else:
+                coord, _ = reflect_with_grad(coord, -1, 2 * size - 1)
+        if padding != Padding.ZEROS:
+            coord, _ = clip_with_grad(coord, size)
+        # C++ truncates toward zero; every padded tap is integral already.
+        return np.trunc(to_safe_range(coord)).astype(np.int64)
+
+
+def _bicubic_taps(index, sizes, padding, align_corners) -> Taps:
+    """64 taps: (x, y, z) ∈ {floor - 1, ..., floor + 2}³, each padded on its own; z outermost, x innermost."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        low = np.floor(index)
+        fraction = index - low
+    depth, height, width = sizes
+    axis_sizes = (width, height, depth)
+    weights = [cubic_coefficients(fraction[:, axis]) for axis in range(3)]  # 3 x (4, P)
+    slopes = [cubic_slopes(fraction[:, axis]) for axis in range(3)]
+    corners = [[pad_tap(low[:, axis] - 1 + step, axis_sizes[axis], padding, align_corners) for step in range(4)]
+               for axis in range(3)]
+    offsets, valids, axis_weights, axis_slopes = [], [], [], []
+    for k in range(4):
+        for j in range(4):
+            for i in range(4):
+                offset, valid = _voxel_taps(np.stack([corners[0][i], corners[1][j], corners[2][k]], 1), sizes)
+                offsets.append(offset)
+                valids.append(valid)
+                axis_weights.append(np.stack([weights[0][i], weights[1][j], weights[2][k]], 1))
+                axis_slopes.append(np.stack([slopes[0][i], slopes[1][j], slopes[2][k]], 1))
+    axis_weight = np.stack(axis_weights, 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        weight = axis_weight[..., 0] * axis_weight[..., 1] * axis_weight[..., 2]
+    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_slopes, 1),
+                outside_reads_zero=True)
 
 
 def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward):
     """Taps and d index / d grid multipliers (P, 3) for one batch's grid (Do, Ho, Wo, 3)."""
     coords = grid_n.reshape(-1, 3)
     depth, height, width = sizes
+    if interpolation == Interpolation.BICUBIC:
+        # Padding applies to each tap, not to the point: the index is only unnormalised,
+        # and the multiplier is the unnormalising slope alone (PyTorch's 2-D bicubic).
+        with np.errstate(invalid="ignore", over="ignore"):
+            axes = [unnormalize(coords[:, axis], size, align_corners) for axis, size in enumerate((width, height, depth))]
+        index = np.stack([axis[0] for axis in axes], axis=-1)
+        multiplier = np.broadcast_to(np.array([axis[1] for axis in axes], dtype=np.float64), index.shape)
+        return _bicubic_taps(index, sizes, padding, align_corners), multiplier
     axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward)
             for axis, size in enumerate((width, height, depth))]
     index = np.stack([axis[0] for axis in axes], axis=-1)
     multiplier = np.stack([axis[1] for axis in axes], axis=-1)
     if interpolation == Interpolation.BILINEAR:
         return _bilinear_taps(index, sizes), multiplier
-    if interpolation == Interpolation.NEAREST:
-        return _nearest_taps(index, sizes), multiplier
-    raise NotImplementedError(f"{interpolation.name.lower()} interpolation is not available in 3-D yet")
+    return _nearest_taps(index, sizes), multiplier
 
 
 def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
@@ -183,6 +264,9 @@ def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, 
         with np.errstate(invalid="ignore", over="ignore"):
             for t in range(taps.offset.shape[1]):
                 tap_values = values[:, taps.offset[:, t]]
+                if taps.outside_reads_zero:
+                    accumulated += np.where(taps.valid[:, t], tap_values, 0.0) * taps.weight[:, t]
+                    continue
                 if interpolation != Interpolation.NEAREST:
                     tap_values = tap_values * taps.weight[:, t]
                 accumulated += np.where(taps.valid[:, t], tap_values, 0.0)
@@ -217,20 +301,24 @@ def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Pad
 
 
 def _contract_grid_gradient(grad_n, values, taps: Taps):
-    """d loss / d index (P, 3): sum over channels and taps of ±x_tap * grad * the other two weights.
+    """d loss / d index (P, 3): sum over channels and taps of x_tap * slope * the other two weights * grad.
 
-    Channels outermost, taps inside, each term as ((x_tap * w_a) * w_b) * grad: PyTorch's
-    order, so that float64 results are bitwise equal to it.
+    Channels outermost, taps inside, each term as (((x_tap * slope) * w_a) * w_b) * grad:
+    PyTorch's order (for bilinear the slope is ±1, which rounds symmetrically), so that
+    float64 results are bitwise equal to it.
     """
     grad_index = np.zeros((taps.offset.shape[0], 3))
     other_axes = ((1, 2), (0, 2), (0, 1))
+    slope = np.broadcast_to(taps.axis_slope, taps.axis_weight.shape)
     for channel in range(grad_n.shape[0]):
         for t in range(taps.offset.shape[1]):
             tap_values = values[channel, taps.offset[:, t]]
+            if taps.outside_reads_zero:
+                tap_values = np.where(taps.valid[:, t], tap_values, 0.0)
             for axis, (a, b) in enumerate(other_axes):
-                term = tap_values * taps.axis_weight[:, t, a] * taps.axis_weight[:, t, b] * grad_n[channel]
-                signed = term if taps.axis_sign[t, axis] > 0 else -term
-                grad_index[:, axis] += np.where(taps.valid[:, t], signed, 0.0)
+                term = tap_values * slope[:, t, axis] * taps.axis_weight[:, t, a] * taps.axis_weight[:, t, b] \
+                    * grad_n[channel]
+                grad_index[:, axis] += term if taps.outside_reads_zero else np.where(taps.valid[:, t], term, 0.0)
     return grad_index
 
 

@@ -103,7 +103,7 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     Args:
         input: (N, C, Di, Hi, Wi), or (N, Di, Hi, Wi, C) with ``data_format="NDHWC"``.
         grid: (N, Do, Ho, Wo, 3), (x, y, z) normalised to [-1, 1].
-        mode: "bilinear" or "nearest" (or their integer codes).
+        mode: "bilinear", "nearest" or "bicubic" (tricubic on 5-D input; or the integer codes).
         padding_mode: "zeros", "border" or "reflection" (or 0, 1, 2).
         align_corners: as in ``F.grid_sample``.
         data_format: "NCDHW" or "NDHWC" for ``input`` and the output.
@@ -119,8 +119,6 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     align_corners = parse_align_corners(align_corners)
     if input.dim() == 4 and data_format == DataFormat.NCDHW:
         return F.grid_sample(input, grid, interpolation.name.lower(), padding.name.lower(), align_corners)
-    if interpolation == Interpolation.BICUBIC:
-        raise NotImplementedError("mode 'bicubic' is not available for 5-D input yet; use 'bilinear' or 'nearest'")
     if data_format == DataFormat.NDHWC and input.dim() == 5:
         input = input.permute(0, 4, 1, 2, 3)
     device_type = input.device.type

@@ -80,9 +80,3 @@ def test_forward_rejects_bad_input(overrides, error, message):
     arguments.update(overrides)
     with pytest.raises(error, match=message):
         gs.grid_sampler3d(**arguments)
-
-
-def test_bicubic_is_refused_clearly_until_built():
-    grad, x, grid = make_case(dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match="bicubic"):
-        gs.grid_sampler3d_backward(grad, x, grid, interpolation_mode=2)

@@ -7,7 +7,7 @@ import torch
 
 from .. import cases
 
-__all__ = ["BenchCase", "SUITE", "select_cases", "build_inputs"]
+__all__ = ["BenchCase", "SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class BenchCase:
     align_corners: bool
     dtype: str  # float16 | bfloat16 | float32 | float64
     layout: str  # NCDHW | NDHWC
+    # What the case is timed against: PyTorch's op, or (for bicubic, which PyTorch lacks
+    # in 3-D) this library's own bilinear sampling on the same inputs.
+    baseline: str = "torch"  # torch | bilinear
 
     def describe(self) -> dict:
         return asdict(self)
@@ -40,15 +43,20 @@ SUITE = (
     BenchCase("fp64", 1, 8, 64, 64, "affine", "bilinear", "reflection", False, "float64", "NCDHW"),
     BenchCase("up2x", 1, 4, 64, 128, "identity", "bilinear", "border", True, "float32", "NCDHW"),
 )
+# Tricubic sampling against this library's bilinear at equal size (64 taps against 8).
+BICUBIC_SUITE = (
+    BenchCase("cubic64", 1, 4, 64, 64, "warp", "bicubic", "zeros", False, "float32", "NCDHW", "bilinear"),
+    BenchCase("cubiccl", 1, 16, 48, 48, "affine", "bicubic", "border", True, "float32", "NDHWC", "bilinear"),
+)
 
 
 def select_cases(names=None) -> list[BenchCase]:
-    """The suite, or the cases named (a list or a comma-separated string)."""
+    """The suite (PyTorch cases, then bicubic ones), or the cases named (a list or a comma-separated string)."""
     if not names:
-        return list(SUITE)
+        return list(SUITE + BICUBIC_SUITE)
     if isinstance(names, str):
         names = [name.strip() for name in names.split(",") if name.strip()]
-    by_name = {case.name: case for case in SUITE}
+    by_name = {case.name: case for case in SUITE + BICUBIC_SUITE}
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(by_name)}")

@@ -179,3 +179,73 @@ def depth_base(interpolation, iz):
     if interpolation == NEAREST:
         return round_half_even(iz)
     return int(math.floor(iz))
+
+
+# ---- bicubic: padding applies to each tap, the point's index is only unnormalised ----
+
+CUBIC_A = -0.75
+
+
+@kernel
+def unnormalize(coord, size, align_corners):
+    """(index, d index / d coord) of a normalised coordinate along ``size`` voxels."""
+    if align_corners:
+        return (coord + 1.0) / 2.0 * (size - 1), (size - 1) / 2.0
+    return ((coord + 1.0) * size - 1.0) / 2.0, size / 2.0
+
+
+@kernel
+def cubic_near(x):
+    """Cubic convolution weight for |x| <= 1."""
+    return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
+
+
+@kernel
+def cubic_far(x):
+    """Cubic convolution weight for 1 < |x| < 2."""
+    return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+
+
+@kernel
+def cubic_weight(step, t):
+    """Weight of tap floor - 1 + ``step`` (0..3) at fraction ``t``, as PyTorch evaluates it."""
+    if step == 0:
+        return cubic_far(t + 1.0)
+    if step == 1:
+        return cubic_near(t)
+    if step == 2:
+        return cubic_near(1.0 - t)
+    return cubic_far(2.0 - t)
+
+
+@kernel
+def cubic_slope(step, t):
+    """d weight / d t of :func:`cubic_weight` (PyTorch's gradient coefficient, negated)."""
+    a = CUBIC_A
+    if step == 0:
+        x = -1.0 - t
+        return -((-3 * a * x - 10 * a) * x - 8 * a)
+    if step == 1:
+        x = -t
+        return -((-3 * (a + 2) * x - 2 * (a + 3)) * x)
+    if step == 2:
+        x = 1.0 - t
+        return -((3 * (a + 2) * x - 2 * (a + 3)) * x)
+    x = 2.0 - t
+    return -((3 * a * x - 10 * a) * x + 8 * a)
+
+
+@kernel
+def pad_tap(coord, size, padding, align_corners):
+    """Where padding sends integer tap coordinate ``coord`` (PyTorch's compute_coordinates), as an int.
+
+    Out of range (and anything unusable) comes back as an index outside [0, size).
+    """
+    if padding == REFLECTION:
+        if align_corners:
+            coord, _ = reflect_with_grad(coord, 0, 2 * (size - 1))
+        else:
+            coord, _ = reflect_with_grad(coord, -1, 2 * size - 1)
+    if padding != ZEROS:
+        coord, _ = clip_with_grad(coord, size)
+    return int(to_safe_range(coord))

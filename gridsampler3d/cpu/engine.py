@@ -15,6 +15,7 @@ import torch
 from ..backends import memory_format_of
 from ..modes import Interpolation, Padding
 from .backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
+from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
 
 __all__ = ["NumbaBackend"]
@@ -74,9 +75,13 @@ class NumbaBackend:
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
         y_flat, y_strides = _flat(y)
-        kernel = forward_kernel(int(interpolation), int(padding))
-        kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, batch, channels, tuple(x.shape[2:]),
-               tuple(grid.shape[1:4]), align_corners)
+        shapes = (batch, channels, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
+        if interpolation == Interpolation.BICUBIC:
+            bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
+                               align_corners)
+        else:
+            kernel = forward_kernel(int(interpolation), int(padding))
+            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, align_corners)
         return y.to(dtype=dtype, memory_format=layout)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
@@ -95,6 +100,17 @@ class NumbaBackend:
         dgrid = torch.empty(grid.shape if want_dgrid else (0,), dtype=grid.dtype)
         dx = torch.empty_like(x, memory_format=layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
+        if interpolation == Interpolation.BICUBIC:
+            shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners)
+            if want_dx:
+                # Equal runs of planes: every slab walks every point, so the work splits evenly.
+                bounds = np.linspace(0, batch * sizes[0], threads + 1).round().astype(np.int64)
+                bicubic_dx_kernel(grad_flat, grad_strides, grid_flat, grid_strides, dx_flat, dx_strides, bounds,
+                                  *shapes)
+            if want_dgrid:
+                bicubic_dgrid_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides,
+                                     dgrid.numpy().reshape(-1), *shapes)
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
         lowest_depth = np.empty(points, np.int32)
         codes = (int(interpolation), int(padding), align_corners)
         lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
@@ -109,5 +125,10 @@ class NumbaBackend:
                 grid_sampler3d_bwd_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat,
                                           dx_strides, dgrid.numpy().reshape(-1), lowest_depth, bounds, batch, channels,
                                           sizes, out_sizes, *codes, pass_dx, pass_dgrid)
-        dx = dx.to(dtype=dtype, memory_format=layout) if want_dx else None
+        return self._finish(dx, dgrid, dtype, layout, output_mask)
+
+    @staticmethod
+    def _finish(dx, dgrid, dtype, layout, output_mask):
+        """Round the float32/float64 results into the caller's dtype and layout; None where not asked for."""
+        dx = dx.to(dtype=dtype, memory_format=layout) if output_mask[0] else None
         return dx, (dgrid.to(dtype) if output_mask[1] else None)

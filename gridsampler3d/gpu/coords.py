@@ -124,3 +124,74 @@ def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, st
     d = (point // (out_width * out_height)) % out_depth
     n = point // (out_width * out_height * out_depth)
     return n * stride_n + d * stride_d + h * stride_h + w * stride_w
+
+
+# ---- bicubic: padding applies to each tap; the point's index is only unnormalised ----
+
+CUBIC_A: tl.constexpr = -0.75
+
+
+@triton.jit
+def unnormalize(coord, size, ALIGN_CORNERS: tl.constexpr):
+    """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels."""
+    coord = coord.to(tl.float64)
+    extent = size.to(tl.float64)
+    if ALIGN_CORNERS:
+        return (coord + 1.0) / 2.0 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) / 2.0
+    return ((coord + 1.0) * extent - 1.0) / 2.0, tl.zeros_like(coord) + extent / 2.0
+
+
+@triton.jit
+def cubic_weight(t, STEP: tl.constexpr):
+    """Cubic convolution weight (A = -0.75) of tap floor - 1 + STEP at fraction ``t``, PyTorch's evaluation."""
+    if STEP == 0:
+        x = t + 1.0
+        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+    elif STEP == 1:
+        return ((CUBIC_A + 2) * t - (CUBIC_A + 3)) * t * t + 1
+    elif STEP == 2:
+        x = 1.0 - t
+        return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
+    else:
+        x = 2.0 - t
+        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+
+
+@triton.jit
+def cubic_weight_at(t, step):
+    """:func:`cubic_weight` for a run-time ``step`` (int tensor)."""
+    return tl.where(step == 0, cubic_weight(t, 0), tl.where(step == 1, cubic_weight(t, 1),
+                    tl.where(step == 2, cubic_weight(t, 2), cubic_weight(t, 3))))
+
+
+@triton.jit
+def cubic_slope(t, STEP: tl.constexpr):
+    """d weight / d t of :func:`cubic_weight` (PyTorch's gradient coefficient, negated)."""
+    if STEP == 0:
+        x = -1.0 - t
+        return -((-3 * CUBIC_A * x - 10 * CUBIC_A) * x - 8 * CUBIC_A)
+    elif STEP == 1:
+        x = -t
+        return -((-3 * (CUBIC_A + 2) * x - 2 * (CUBIC_A + 3)) * x)
+    elif STEP == 2:
+        x = 1.0 - t
+        return -((3 * (CUBIC_A + 2) * x - 2 * (CUBIC_A + 3)) * x)
+    else:
+        x = 2.0 - t
+        return -((3 * CUBIC_A * x - 10 * CUBIC_A) * x + 8 * CUBIC_A)
+
+
+@triton.jit
+def pad_tap(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr):
+    """Where padding sends the integer tap coordinate ``coord`` (float64), as int64; unusable -> out of range."""
+    extent = size.to(tl.float64)
+    if PADDING == REFLECTION:
+        if ALIGN_CORNERS:
+            coord, _ = reflect(coord, 0.0, 2.0 * (extent - 1.0))
+        else:
+            coord, _ = reflect(coord, -1.0, 2.0 * extent - 1.0)
+    if PADDING != ZEROS:
+        upper = extent - 1.0
+        coord = tl.where(coord <= 0.0, 0.0, tl.where(coord >= upper, upper, coord))
+    safe = (coord <= INT_MAX - 1) & (coord >= INT_MIN)
+    return tl.where(safe, coord, OUT_OF_RANGE).to(tl.int64)

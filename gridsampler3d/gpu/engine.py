@@ -28,9 +28,13 @@ def interpreter_enabled() -> bool:
 @functools.cache
 def _kernels():
     # Imported on first use: Triton takes a while to import and is optional.
-    from . import backward, forward
+    from . import backward, bicubic, forward
 
-    return forward, backward
+    return forward, backward, bicubic
+
+
+# Entries (point, tap) per chunk of the deterministic bicubic dx: bounds its sort's memory.
+_BICUBIC_CHUNK_ENTRIES = 1 << 26
 
 
 def _accumulator(dtype: torch.dtype):
@@ -83,27 +87,34 @@ class TritonBackend:
         return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        forward, _ = _kernels()
+        forward, _, bicubic = _kernels()
         batch, channels = x.shape[:2]
         y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=_store_dtype(x.dtype), device=x.device,
                         memory_format=memory_format_of(x))
         points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
         block_p, block_c = _blocks(channels)
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners)
+        if interpolation == Interpolation.BICUBIC:
+            kernel = bicubic.bicubic_fwd_kernel
+        else:
+            kernel, modes["INTERPOLATION"] = forward.grid_sampler3d_fwd_kernel, int(interpolation)
         with _on_device(x.device):
-            forward.grid_sampler3d_fwd_kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
+            kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
                 x, grid, y, points, channels, *x.shape[2:], *grid.shape[1:4], *x.stride(), *grid.stride(),
-                *y.stride(), INTERPOLATION=int(interpolation), PADDING=int(padding), ALIGN_CORNERS=align_corners,
-                ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c)
+                *y.stride(), **modes, ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c)
         return y.to(x.dtype)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
-        _, backward = _kernels()
+        _, backward, bicubic = _kernels()
         want_dx, want_dgrid = output_mask
         batch, channels = x.shape[:2]
         points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
         layout = memory_format_of(x)
-        modes = dict(INTERPOLATION=int(interpolation), PADDING=int(padding), ALIGN_CORNERS=align_corners)
+        is_bicubic = interpolation == Interpolation.BICUBIC
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners)
+        if not is_bicubic:
+            modes["INTERPOLATION"] = int(interpolation)
         acc = _accumulator(x.dtype)
         dgrid = torch.empty(grid.shape, dtype=_store_dtype(grid.dtype), device=grid.device) if want_dgrid else None
         kernel_dgrid = want_dgrid
@@ -122,12 +133,15 @@ class TritonBackend:
                 if x.dtype == torch.float64:
                     block_c = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
                 target = dx if atomic_dx else x
-                backward.grid_sampler3d_bwd_kernel[(_cdiv(points, block_p),)](
+                kernel = bicubic.bicubic_bwd_kernel if is_bicubic else backward.grid_sampler3d_bwd_kernel
+                kernel[(_cdiv(points, block_p),)](
                     grad, x, grid, target, dgrid if kernel_dgrid else grid, points, channels, *x.shape[2:],
                     *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(), *target.stride(), **modes, ACC=acc,
                     WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c)
             if atomic_dx:
                 dx = dx.to(x.dtype)
+            elif want_dx and is_bicubic:
+                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc)
             elif want_dx:
                 dx = self._gathered_dx(backward, grad, x, grid, points, modes, acc)
         return dx, (dgrid.to(grid.dtype) if want_dgrid else None)
@@ -149,4 +163,29 @@ class TritonBackend:
         backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
             grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
             *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c)
+        return dx.to(x.dtype)
+
+    @staticmethod
+    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc):
+        """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather."""
+        batch, channels, depth, height, width = x.shape
+        voxels = batch * depth * height * width
+        dx = torch.empty_like(x, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+                              memory_format=memory_format_of(x))
+        chunk = max(1, _BICUBIC_CHUNK_ENTRIES // 64)
+        block_p = 64
+        block_v, block_c = _blocks(channels, tile=1024)
+        voxel_ids = torch.arange(voxels + 1, device=x.device)
+        for first_point in range(0, points, chunk):
+            count = min(chunk, points - first_point)
+            keys = torch.empty(count * 64, dtype=torch.int64, device=x.device)
+            bicubic.bicubic_tap_keys_kernel[(_cdiv(count, block_p),)](
+                grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
+                **modes, BLOCK_P=block_p)
+            sorted_keys, order = torch.sort(keys, stable=True)
+            starts = torch.searchsorted(sorted_keys, voxel_ids, out_int32=True)
+            bicubic.bicubic_dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
+                grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
+                *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
+                ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c)
         return dx.to(x.dtype)

@@ -1,0 +1,174 @@
+"""Tricubic ("bicubic") kernels of the CPU engine: 4 x 4 x 4 taps, padding applied per tap.
+
+The rules are PyTorch's 2-D bicubic extended to 3-D (docs/semantics.md): the point's
+index is only unnormalised; each tap coordinate floor(index) - 1 .. + 2 is padded on its
+own; an outside tap reads 0 (and so still carries a NaN weight into y and dgrid); the grid
+multiplier is the unnormalising slope alone. Taps run z outermost, x innermost; all
+arithmetic is float64, as in :mod:`gridsampler3d.reference`, term by term.
+
+Forward and dgrid are parallel over output rows. dx is owner-computes: the (n, z) planes
+are split into one slab per thread, and each thread walks every point in order, adding
+only the taps that land in its slab, so each voxel sums in point order, deterministic
+and independent of the thread count.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .coords import cubic_slope, cubic_weight, pad_tap, unnormalize
+
+inline = njit(cache=True, error_model="numpy", inline="always")
+
+
+@inline
+def _cell(grid, offset, step, sizes, align_corners):
+    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset``."""
+    ix, mx = unnormalize(float(grid[offset]), sizes[2], align_corners)
+    iy, my = unnormalize(float(grid[offset + step]), sizes[1], align_corners)
+    iz, mz = unnormalize(float(grid[offset + 2 * step]), sizes[0], align_corners)
+    # np.floor keeps a float: NaN and inf stay representable (math.floor would need an int)
+    return ix, iy, iz, np.floor(ix), np.floor(iy), np.floor(iz), mx, my, mz
+
+
+@inline
+def _axis_taps(index, low, size, padding, align_corners, taps, weights, slopes):
+    """Fill taps[0..3] (padded int coordinates), weights[0..3] and slopes[0..3] along one axis."""
+    t = index - low
+    for step in range(4):
+        taps[step] = pad_tap(low - 1.0 + step, size, padding, align_corners)
+        weights[step] = cubic_weight(step, t)
+        slopes[step] = cubic_slope(step, t)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, padding,
+                       align_corners):
+    """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); every element written."""
+    depth, height, width = sizes
+    out_depth, out_height, out_width = out_sizes
+    for row in prange(batch * out_depth * out_height):
+        n = row // (out_depth * out_height)
+        d = (row // out_height) % out_depth
+        h = row % out_height
+        taps = np.empty((3, 4), np.int64)
+        weights = np.empty((3, 4))
+        slopes = np.empty((3, 4))
+        for w in range(out_width):
+            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
+            ix, iy, iz, x0, y0, z0, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners)
+            _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
+            _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
+            _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+            out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
+            for c in range(channels):
+                base = n * x_strides[0] + c * x_strides[1]
+                total = 0.0
+                for k in range(4):
+                    for j in range(4):
+                        for i in range(4):
+                            cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
+                            inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
+                            value = x[base + cz * x_strides[2] + cy * x_strides[3] + cx * x_strides[4]] if inside \
+                                else 0.0
+                            total += value * (weights[0, i] * weights[1, j] * weights[2, k])
+                y[out + c * y_strides[1]] = total
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dgrid, batch, channels, sizes,
+                         out_sizes, padding, align_corners):
+    """dgrid (N * Do * Ho * Wo * 3,): per point, channels outer, taps inner, terms (((v * slope) * w) * w) * g."""
+    depth, height, width = sizes
+    out_depth, out_height, out_width = out_sizes
+    for row in prange(batch * out_depth * out_height):
+        n = row // (out_depth * out_height)
+        d = (row // out_height) % out_depth
+        h = row % out_height
+        taps = np.empty((3, 4), np.int64)
+        weights = np.empty((3, 4))
+        slopes = np.empty((3, 4))
+        for w in range(out_width):
+            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
+            ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, grid_strides[4], sizes, align_corners)
+            _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
+            _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
+            _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+            out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+            gx = gy = gz = 0.0
+            for c in range(channels):
+                g = float(grad[out + c * grad_strides[1]])
+                base = n * x_strides[0] + c * x_strides[1]
+                for k in range(4):
+                    for j in range(4):
+                        for i in range(4):
+                            cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
+                            inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
+                            value = x[base + cz * x_strides[2] + cy * x_strides[3] + cx * x_strides[4]] if inside \
+                                else 0.0
+                            wx, wy, wz = weights[0, i], weights[1, j], weights[2, k]
+                            gx += value * slopes[0, i] * wy * wz * g
+                            gy += value * slopes[1, j] * wx * wz * g
+                            gz += value * slopes[2, k] * wx * wy * g
+            p = (row * out_width + w) * 3
+            dgrid[p] = mx * gx
+            dgrid[p + 1] = my * gy
+            dgrid[p + 2] = mz * gz
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bounds, batch, channels, sizes,
+                      out_sizes, padding, align_corners):
+    """dx (N, C, D, H, W), every element written; slab s owns planes bounds[s] .. bounds[s + 1] (plane = n * D + z)."""
+    depth, height, width = sizes
+    out_depth, out_height, out_width = out_sizes
+    for slab in prange(bounds.size - 1):
+        first, last = bounds[slab], bounds[slab + 1]
+        for plane in range(first, last):
+            n, z = plane // depth, plane % depth
+            for c in range(channels):
+                base = n * dx_strides[0] + c * dx_strides[1] + z * dx_strides[2]
+                for yy in range(height):
+                    for xx in range(width):
+                        dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
+        taps = np.empty((3, 4), np.int64)
+        weights = np.empty((3, 4))
+        slopes = np.empty((3, 4))
+        for n in range(first // depth, (last + depth - 1) // depth):
+            z_lo = max(first - n * depth, 0)
+            z_hi = min(last - n * depth, depth)
+            if z_lo >= z_hi:
+                continue
+            for d in range(out_depth):
+                for h in range(out_height):
+                    for w in range(out_width):
+                        point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
+                        iz, _ = unnormalize(float(grid[point + 2 * grid_strides[4]]), depth, align_corners)
+                        z0 = np.floor(iz)
+                        _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+                        mine = False
+                        for k in range(4):
+                            mine = mine or z_lo <= taps[2, k] < z_hi
+                        if not mine:
+                            continue
+                        ix, iy, _, x0, y0, _, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners)
+                        _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
+                        _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
+                        out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+                        for k in range(4):
+                            cz = taps[2, k]
+                            if cz < z_lo or cz >= z_hi:
+                                continue
+                            for j in range(4):
+                                cy = taps[1, j]
+                                if cy < 0 or cy >= height:
+                                    continue
+                                for i in range(4):
+                                    cx = taps[0, i]
+                                    if cx < 0 or cx >= width:
+                                        continue
+                                    weight = weights[0, i] * weights[1, j] * weights[2, k]
+                                    offset = n * dx_strides[0] + cz * dx_strides[2] + cy * dx_strides[3] \
+                                        + cx * dx_strides[4]
+                                    for c in range(channels):
+                                        dx[offset + c * dx_strides[1]] += weight * grad[out + c * grad_strides[1]]
