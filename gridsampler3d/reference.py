@@ -109,9 +109,7 @@ class Taps(NamedTuple):
 
     offset (P, T) int64 linear voxel offsets (0 where invalid); valid (P, T) bool;
     weight (P, T) = wx * wy * wz; axis_weight (P, T, 3) = (wx, wy, wz); axis_slope
-    (P or 1, T, 3): d (axis weight) / d index along (x, y, z). ``outside_reads_zero``: an
-    invalid tap still takes part in y and dgrid with the value 0 (bicubic, as PyTorch's
-    2-D bicubic), instead of being skipped (bilinear, nearest).
+    (P or 1, T, 3): d (axis weight) / d index along (x, y, z).
     """
 
     offset: np.ndarray
@@ -119,7 +117,6 @@ class Taps(NamedTuple):
     weight: np.ndarray
     axis_weight: np.ndarray
     axis_slope: np.ndarray
-    outside_reads_zero: bool = False
 
 
 def _voxel_taps(corners, sizes) -> tuple[np.ndarray, np.ndarray]:
@@ -226,8 +223,51 @@ def _bicubic_taps(index, sizes, padding, align_corners) -> Taps:
     axis_weight = np.stack(axis_weights, 1)
     with np.errstate(invalid="ignore", over="ignore"):
         weight = axis_weight[..., 0] * axis_weight[..., 1] * axis_weight[..., 2]
-    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_slopes, 1),
-                outside_reads_zero=True)
+    return Taps(np.stack(offsets, 1), np.stack(valids, 1), weight, axis_weight, np.stack(axis_slopes, 1))
+
+
+def _cubic_sum(values, weights):
+    """Sum over the last axis (4) of values * weights, left to right: PyTorch's ``cubic_interp1d``."""
+    return values[..., 0] * weights[..., 0] + values[..., 1] * weights[..., 1] + values[..., 2] * weights[..., 2] \
+        + values[..., 3] * weights[..., 3]
+
+
+def _bicubic_values(values, taps: Taps):
+    """The 64 tap values (C, P, 4, 4, 4) indexed [k (z), j (y), i (x)]; a tap outside reads 0."""
+    gathered = np.where(taps.valid[None], values[:, taps.offset], 0.0)
+    return gathered.reshape(values.shape[0], -1, 4, 4, 4)
+
+
+def _bicubic_axes(table):
+    """Per-axis (P, 4) columns of a (P, 64, 3) tap table: x along i, y along j, z along k."""
+    grid = np.broadcast_to(table, (table.shape[0], 64, 3)).reshape(-1, 4, 4, 4, 3)
+    return grid[:, 0, 0, :, 0], grid[:, 0, :, 0, 1], grid[:, :, 0, 0, 2]
+
+
+def _bicubic_forward(values, taps: Taps):
+    """y (C, P), separably: along x within each (z, y) row, then along y, then along z (PyTorch's 2-D order)."""
+    wx, wy, wz = _bicubic_axes(taps.axis_weight)
+    rows = _cubic_sum(_bicubic_values(values, taps), wx[:, None, None, :])
+    return _cubic_sum(_cubic_sum(rows, wy[:, None, :]), wz)
+
+
+def _bicubic_grid_gradient(grad_n, values, taps: Taps):
+    """d loss / d index (P, 3): per channel the separable sums with one axis's weights replaced by its slopes,
+    times grad, accumulated over channels in order."""
+    wx, wy, wz = _bicubic_axes(taps.axis_weight)
+    sx, sy, sz = _bicubic_axes(taps.axis_slope)
+    grad_index = np.zeros((taps.offset.shape[0], 3))
+    for channel in range(grad_n.shape[0]):
+        tap_values = _bicubic_values(values[channel:channel + 1], taps)[0]
+        rows_w = _cubic_sum(tap_values, wx[:, None, None, :])
+        rows_s = _cubic_sum(tap_values, sx[:, None, None, :])
+        planes_w = _cubic_sum(rows_w, wy[:, None, :])
+        planes_sx = _cubic_sum(rows_s, wy[:, None, :])
+        planes_sy = _cubic_sum(rows_w, sy[:, None, :])
+        grad_index[:, 0] += _cubic_sum(planes_sx, wz) * grad_n[channel]
+        grad_index[:, 1] += _cubic_sum(planes_sy, wz) * grad_n[channel]
+        grad_index[:, 2] += _cubic_sum(planes_w, sz) * grad_n[channel]
+    return grad_index
 
 
 def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward):
@@ -262,11 +302,11 @@ def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, 
         values = x[n].reshape(channels, -1)
         accumulated = np.zeros((channels, taps.offset.shape[0]))
         with np.errstate(invalid="ignore", over="ignore"):
+            if interpolation == Interpolation.BICUBIC:
+                output[n] = _bicubic_forward(values, taps).reshape((channels,) + out_sizes)
+                continue
             for t in range(taps.offset.shape[1]):
                 tap_values = values[:, taps.offset[:, t]]
-                if taps.outside_reads_zero:
-                    accumulated += np.where(taps.valid[:, t], tap_values, 0.0) * taps.weight[:, t]
-                    continue
                 if interpolation != Interpolation.NEAREST:
                     tap_values = tap_values * taps.weight[:, t]
                 accumulated += np.where(taps.valid[:, t], tap_values, 0.0)
@@ -294,7 +334,10 @@ def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Pad
         with np.errstate(invalid="ignore", over="ignore"):
             if want_dx:
                 dx[n] = _scatter_dx(grad_n, taps, voxels).reshape(x.shape[1:])
-            if want_dgrid and interpolation != Interpolation.NEAREST:
+            if want_dgrid and interpolation == Interpolation.BICUBIC:
+                grad_index = _bicubic_grid_gradient(grad_n, x[n].reshape(channels, voxels), taps)
+                dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
+            elif want_dgrid and interpolation != Interpolation.NEAREST:
                 grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, voxels), taps)
                 dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
     return dx, dgrid
@@ -313,12 +356,10 @@ def _contract_grid_gradient(grad_n, values, taps: Taps):
     for channel in range(grad_n.shape[0]):
         for t in range(taps.offset.shape[1]):
             tap_values = values[channel, taps.offset[:, t]]
-            if taps.outside_reads_zero:
-                tap_values = np.where(taps.valid[:, t], tap_values, 0.0)
             for axis, (a, b) in enumerate(other_axes):
                 term = tap_values * slope[:, t, axis] * taps.axis_weight[:, t, a] * taps.axis_weight[:, t, b] \
                     * grad_n[channel]
-                grad_index[:, axis] += term if taps.outside_reads_zero else np.where(taps.valid[:, t], term, 0.0)
+                grad_index[:, axis] += np.where(taps.valid[:, t], term, 0.0)
     return grad_index
 
 

@@ -4,7 +4,8 @@ The rules are PyTorch's 2-D bicubic extended to 3-D (docs/semantics.md): the poi
 index is only unnormalised; each tap coordinate floor(index) - 1 .. + 2 is padded on its
 own; an outside tap reads 0 (and so still carries a NaN weight into y and dgrid); the grid
 multiplier is the unnormalising slope alone. Taps run z outermost, x innermost; all
-arithmetic is float64, as in :mod:`gridsampler3d.reference`, term by term.
+arithmetic is float64, in the reference's order (y and dgrid sum separably: along x, then
+y, then z, PyTorch's 2-D order), so float64 results equal the reference bit for bit.
 
 Forward and dgrid are parallel over output rows. dx is owner-computes: the (n, z) planes
 are split into one slab per thread, and each thread walks every point in order, adding
@@ -41,12 +42,25 @@ def _axis_taps(index, low, size, padding, align_corners, taps, weights, slopes):
         slopes[step] = cubic_slope(step, t)
 
 
+@inline
+def _tap_offsets(taps, sizes, spatial, offsets):
+    """offsets[16k + 4j + i]: spatial offset of tap (i, j, k), or -1 when it lies outside the volume."""
+    depth, height, width = sizes
+    for k in range(4):
+        for j in range(4):
+            for i in range(4):
+                cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
+                inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
+                offsets[16 * k + 4 * j + i] = cz * spatial[0] + cy * spatial[1] + cx * spatial[2] if inside else -1
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, padding,
                        align_corners):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); every element written."""
     depth, height, width = sizes
     out_depth, out_height, out_width = out_sizes
+    spatial = (x_strides[2], x_strides[3], x_strides[4])
     for row in prange(batch * out_depth * out_height):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
@@ -54,33 +68,38 @@ def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, ch
         taps = np.empty((3, 4), np.int64)
         weights = np.empty((3, 4))
         slopes = np.empty((3, 4))
+        offsets = np.empty(64, np.int64)
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
             ix, iy, iz, x0, y0, z0, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners)
             _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
             _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
             _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+            _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
                 base = n * x_strides[0] + c * x_strides[1]
                 total = 0.0
                 for k in range(4):
+                    plane = 0.0
                     for j in range(4):
+                        row = 0.0
                         for i in range(4):
-                            cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
-                            inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
-                            value = x[base + cz * x_strides[2] + cy * x_strides[3] + cx * x_strides[4]] if inside \
-                                else 0.0
-                            total += value * (weights[0, i] * weights[1, j] * weights[2, k])
+                            t = 16 * k + 4 * j + i
+                            row += (x[base + offsets[t]] if offsets[t] >= 0 else 0.0) * weights[0, i]
+                        plane += row * weights[1, j]
+                    total += plane * weights[2, k]
                 y[out + c * y_strides[1]] = total
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dgrid, batch, channels, sizes,
                          out_sizes, padding, align_corners):
-    """dgrid (N * Do * Ho * Wo * 3,): per point, channels outer, taps inner, terms (((v * slope) * w) * w) * g."""
+    """dgrid (N * Do * Ho * Wo * 3,): per point and channel, separable sums with one axis's weights replaced by
+    its slopes, times grad, accumulated over channels in order."""
     depth, height, width = sizes
     out_depth, out_height, out_width = out_sizes
+    spatial = (x_strides[2], x_strides[3], x_strides[4])
     for row in prange(batch * out_depth * out_height):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
@@ -88,6 +107,7 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
         taps = np.empty((3, 4), np.int64)
         weights = np.empty((3, 4))
         slopes = np.empty((3, 4))
+        offsets = np.empty(64, np.int64)
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
             ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, grid_strides[4], sizes, align_corners)
@@ -95,21 +115,31 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
             _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
             _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+            _tap_offsets(taps, sizes, spatial, offsets)
             gx = gy = gz = 0.0
             for c in range(channels):
                 g = float(grad[out + c * grad_strides[1]])
                 base = n * x_strides[0] + c * x_strides[1]
+                # Separable: along x (weights and slopes), then y, then z, as the reference.
+                total_x = total_y = total_z = 0.0
                 for k in range(4):
+                    plane_w = plane_sx = plane_sy = 0.0
                     for j in range(4):
+                        row_w = row_s = 0.0
                         for i in range(4):
-                            cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
-                            inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
-                            value = x[base + cz * x_strides[2] + cy * x_strides[3] + cx * x_strides[4]] if inside \
-                                else 0.0
-                            wx, wy, wz = weights[0, i], weights[1, j], weights[2, k]
-                            gx += value * slopes[0, i] * wy * wz * g
-                            gy += value * slopes[1, j] * wx * wz * g
-                            gz += value * slopes[2, k] * wx * wy * g
+                            t = 16 * k + 4 * j + i
+                            value = x[base + offsets[t]] if offsets[t] >= 0 else 0.0
+                            row_w += value * weights[0, i]
+                            row_s += value * slopes[0, i]
+                        plane_w += row_w * weights[1, j]
+                        plane_sx += row_s * weights[1, j]
+                        plane_sy += row_w * slopes[1, j]
+                    total_x += plane_sx * weights[2, k]
+                    total_y += plane_sy * weights[2, k]
+                    total_z += plane_w * slopes[2, k]
+                gx += total_x * g
+                gy += total_y * g
+                gz += total_z * g
             p = (row * out_width + w) * 3
             dgrid[p] = mx * gx
             dgrid[p + 1] = my * gy
