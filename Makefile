@@ -6,7 +6,7 @@ EXTRAS ?= dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run test bench clean
+.PHONY: venv run demo test bench clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 
 run: venv
 	$(VENV)/bin/gridsampler3d run --out out/run
+
+demo: venv
+	$(VENV)/bin/gridsampler3d demo --out out/demo
 
 test: venv
 	$(PY) -m pytest -q tests

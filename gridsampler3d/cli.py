@@ -1,6 +1,8 @@
 """The ``gridsampler3d`` command line.
 
     gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
+    gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
+    gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
     gridsampler3d bench [--cases ...] [--threads N] [--json FILE] [--plot FILE]
 """
 from __future__ import annotations
@@ -95,16 +97,57 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_device(device: str) -> None:
+    import torch
+
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        device_type = None
+    if device_type not in ("cpu", "cuda"):
+        raise CliError(f"--device must be cpu or cuda (cuda:N); got {device!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--device {device}: no CUDA device is available here")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    _require_device(args.device)
+    if args.size < 8:
+        raise CliError(f"--size must be at least 8; got {args.size}")
+    if args.steps < 1:
+        raise CliError(f"--steps must be at least 1; got {args.steps}")
+    if args.device == "cpu":
+        print("a first run compiles the CPU kernels once (cached on disk), about a minute",
+              file=sys.stderr, flush=True)
+    try:
+        demo.run_demo(size=args.size, steps=args.steps, device=args.device, out=args.out, seed=args.seed)
+    except OSError as error:
+        raise CliError(f"--out: cannot write to {args.out} ({error})") from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from . import check
+
+    _require_device(args.device)
+    names = None if args.backends is None else [name.strip() for name in args.backends.split(",") if name.strip()]
+    try:
+        rows = check.run_check(device=args.device, backends=names, quick=args.quick)
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    return 0 if all(row["passed"] for row in rows) else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be at least 1; got {args.threads}")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise CliError(f"--device {args.device}: no CUDA device is available here")
+    _require_device(args.device)
     try:
         report = bench.run_suite(args.cases, device=args.device, backend=args.backend, repeats=args.repeats,
                                  threads=args.threads, scale=args.scale)
@@ -134,6 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attributes(run)
     run.add_argument("--out", default="out/run", help="folder for dx.npy and dgrid.npy (default out/run)")
     run.set_defaults(handler=_run)
+
+    demo = commands.add_parser("demo", help="register a warped phantom through this library; figures and Dice")
+    demo.add_argument("--size", type=int, default=48, help="edge of the phantom volume (default 48)")
+    demo.add_argument("--steps", type=int, default=100, help="Adam steps (default 100)")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the known random deformation (default 0)")
+    demo.add_argument("--out", default="out/demo", help="folder for the PNGs and summary.json (default out/demo)")
+    demo.set_defaults(handler=_demo)
+
+    check = commands.add_parser("check", help="verify every backend against PyTorch across the mode matrix")
+    check.add_argument("--device", default="cpu", help="cpu or cuda")
+    check.add_argument("--backends", help="comma-separated backend names (default: all that run on the device)")
+    check.add_argument("--quick", action="store_true", help="float32 and float64 only")
+    check.set_defaults(handler=_check)
 
     bench = commands.add_parser("bench", help="time forward and backward against PyTorch (SPEC section 8 suite)")
     bench.add_argument("--cases", help="comma-separated case names (default: all)")
