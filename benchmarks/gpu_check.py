@@ -155,7 +155,6 @@ def bench_suite(scale: float, bandwidth: float) -> list:
             f"{row['forward_ratio']:.2f}x | bwd {times['bwd_torch']:.3f}/{times['bwd_fast']:.3f} ms "
             f"{row['backward_ratio']:.2f}x | det {times['bwd_det']:.3f} ms ({row['deterministic_over_fast']:.2f}x fast) "
             f"| bw fwd {row['forward_bandwidth_fraction']:.0%} bwd {row['backward_bandwidth_fraction']:.0%}")
-        del grad, x, grid, grad_ncdhw, x_ncdhw
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     return rows

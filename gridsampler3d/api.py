@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .backends import memory_format_of, select_backend
-from .modes import (DataFormat, Interpolation, parse_align_corners, parse_data_format, parse_interpolation,
+from .modes import (DataFormat, parse_align_corners, parse_data_format, parse_interpolation,
                     parse_output_mask, parse_padding)
 from .validate import check_backward, check_deterministic, check_forward
 

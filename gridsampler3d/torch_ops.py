@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import api, composite
 from .backends import memory_format_of
-from .modes import DataFormat, Interpolation, parse_align_corners, parse_data_format, parse_interpolation, parse_padding
+from .modes import DataFormat, parse_align_corners, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["grid_sample", "Warp3d"]
 

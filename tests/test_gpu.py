@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import precision
 from gridsampler3d.backends import BACKENDS
 from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
 

@@ -85,6 +85,19 @@ def is_coherent(lowest_depth, out_width):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def zero_planes(dx, dx_strides, first, last, channels, sizes):
+    """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel."""
+    depth, height, width = sizes
+    for plane in range(first, last):
+        n, z = plane // depth, plane % depth
+        for c in range(channels):
+            base = n * dx_strides[0] + c * dx_strides[1] + z * dx_strides[2]
+            for yy in range(height):
+                for xx in range(width):
+                    dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def scatter_channels(dx, dx_start, grad, grad_start, weight, channels):
     """dx[dx_start + c] += weight * grad[grad_start + c] for every (contiguous) channel."""
     for c in range(channels):
@@ -116,13 +129,7 @@ def grid_sampler3d_bwd_kernel(grad, grad_strides, x, x_strides, grid, grid_strid
     for slab in prange(bounds.size - 1):
         first, last = bounds[slab], bounds[slab + 1]
         if want_dx:
-            for plane in range(first, last):
-                n, z = plane // depth, plane % depth
-                for c in range(channels):
-                    base = n * dx_strides[0] + c * dx_strides[1] + z * dx_strides[2]
-                    for yy in range(height):
-                        for xx in range(width):
-                            dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
+            zero_planes(dx, dx_strides, first, last, channels, sizes)
         for n in range(first // depth, (last + depth - 1) // depth):
             z_lo = max(first - n * depth, 0)
             z_hi = min(last - n * depth, depth)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .backward import zero_planes
 from .coords import cubic_slope, cubic_weight, pad_tap, unnormalize
 
 inline = njit(cache=True, error_model="numpy", inline="always")
@@ -40,6 +41,16 @@ def _axis_taps(index, low, size, padding, align_corners, taps, weights, slopes):
         taps[step] = pad_tap(low - 1.0 + step, size, padding, align_corners)
         weights[step] = cubic_weight(step, t)
         slopes[step] = cubic_slope(step, t)
+
+
+@inline
+def _point_taps(grid, point, step, sizes, padding, align_corners, taps, weights, slopes):
+    """Fill the (3, 4) per-axis taps, weights and slopes of the grid point at ``point``; return (mx, my, mz)."""
+    ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, step, sizes, align_corners)
+    _axis_taps(ix, x0, sizes[2], padding, align_corners, taps[0], weights[0], slopes[0])
+    _axis_taps(iy, y0, sizes[1], padding, align_corners, taps[1], weights[1], slopes[1])
+    _axis_taps(iz, z0, sizes[0], padding, align_corners, taps[2], weights[2], slopes[2])
+    return mx, my, mz
 
 
 @inline
@@ -71,10 +82,7 @@ def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, ch
         offsets = np.empty(64, np.int64)
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-            ix, iy, iz, x0, y0, z0, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners)
-            _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
-            _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
-            _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+            _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
@@ -110,10 +118,7 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
         offsets = np.empty(64, np.int64)
         for w in range(out_width):
             point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-            ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, grid_strides[4], sizes, align_corners)
-            _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
-            _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
-            _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
+            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, taps, weights, slopes)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
             _tap_offsets(taps, sizes, spatial, offsets)
             gx = gy = gz = 0.0
@@ -154,13 +159,7 @@ def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bo
     out_depth, out_height, out_width = out_sizes
     for slab in prange(bounds.size - 1):
         first, last = bounds[slab], bounds[slab + 1]
-        for plane in range(first, last):
-            n, z = plane // depth, plane % depth
-            for c in range(channels):
-                base = n * dx_strides[0] + c * dx_strides[1] + z * dx_strides[2]
-                for yy in range(height):
-                    for xx in range(width):
-                        dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
+        zero_planes(dx, dx_strides, first, last, channels, sizes)
         taps = np.empty((3, 4), np.int64)
         weights = np.empty((3, 4))
         slopes = np.empty((3, 4))
