@@ -3,7 +3,8 @@
 The rules are those of :mod:`gridsampler3d.reference` (docs/semantics.md): the point's
 index is only unnormalised, each tap coordinate floor(index) - 1 .. + 2 is padded on its
 own, an outside tap reads 0 (so a NaN weight still reaches y and dgrid), and the grid
-multiplier is the unnormalising slope alone. Taps run z outermost, x innermost.
+multiplier is the unnormalising slope alone. Taps run z outermost, x innermost; y and dgrid
+sum separably (along x, then y, then z) in the reference's order.
 
 Deterministic dx: padding can send several taps of one point, and taps of far-away
 points, to the same voxel, so cells cannot be bucketed by corner as for trilinear.
@@ -49,20 +50,22 @@ def bicubic_fwd_kernel(
                                                   width, ALIGN_CORNERS)
     batch_offset = (point // (out_depth * out_height * out_width)) * x_stride_n
     channel_offset = (channel * x_stride_c)[None, :]
+    # Separable, as the reference: along x within each (z, y) row, then along y, then z.
     total = tl.zeros([BLOCK_P, BLOCK_C], ACC)
     for k in tl.static_range(4):
         cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
-        wz = cubic_weight(iz - z0, k)
+        plane = tl.zeros([BLOCK_P, BLOCK_C], ACC)
         for j in tl.static_range(4):
             cy = pad_tap(y0 - 1.0 + j, height, PADDING, ALIGN_CORNERS)
-            wy = cubic_weight(iy - y0, j)
+            row = tl.zeros([BLOCK_P, BLOCK_C], ACC)
             for i in tl.static_range(4):
                 cx = pad_tap(x0 - 1.0 + i, width, PADDING, ALIGN_CORNERS)
-                wx = cubic_weight(ix - x0, i)
                 inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
                 offset = batch_offset + cz * x_stride_d + cy * x_stride_h + cx * x_stride_w
                 value = tl.load(x_ptr + offset[:, None] + channel_offset, mask=tile_mask & inside[:, None], other=0.0)
-                total += value.to(ACC) * (wx * wy * wz).to(ACC)[:, None]
+                row += value.to(ACC) * cubic_weight(ix - x0, i).to(ACC)[:, None]
+            plane += row * cubic_weight(iy - y0, j).to(ACC)[:, None]
+        total += plane * cubic_weight(iz - z0, k).to(ACC)[:, None]
     out_offset = point_offset(point, out_depth, out_height, out_width, y_stride_n, y_stride_d, y_stride_h, y_stride_w)
     tl.store(y_ptr + out_offset[:, None] + (channel * y_stride_c)[None, :], total, mask=tile_mask)
 
@@ -97,18 +100,25 @@ def bicubic_bwd_kernel(
         grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask,
                        other=0.0).to(ACC)
         grad_wide = grad.to(tl.float64)
+        # dgrid as the reference: per channel, the separable sums with one axis's weights
+        # replaced by its slopes (float64), then times grad.
+        total_x = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
+        total_y = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
+        total_z = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
         for k in tl.static_range(4):
             cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
             wz = cubic_weight(iz - z0, k)
-            sz = cubic_slope(iz - z0, k)
+            plane_w = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
+            plane_sx = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
+            plane_sy = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
             for j in tl.static_range(4):
                 cy = pad_tap(y0 - 1.0 + j, height, PADDING, ALIGN_CORNERS)
                 wy = cubic_weight(iy - y0, j)
-                sy = cubic_slope(iy - y0, j)
+                row_w = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
+                row_s = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
                 for i in tl.static_range(4):
                     cx = pad_tap(x0 - 1.0 + i, width, PADDING, ALIGN_CORNERS)
                     wx = cubic_weight(ix - x0, i)
-                    sx = cubic_slope(ix - x0, i)
                     inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
                     tap_mask = tile_mask & inside[:, None]
                     if WANT_DX:
@@ -120,12 +130,20 @@ def bicubic_bwd_kernel(
                         # An outside tap reads 0 but still takes part (PyTorch's 2-D bicubic).
                         value = tl.load(x_ptr + offset[:, None] + (channel * x_stride_c)[None, :], mask=tap_mask,
                                         other=0.0).to(tl.float64)
-                        grad_x += tl.sum(tl.where(tile_mask, value * sx[:, None] * wy[:, None] * wz[:, None]
-                                                  * grad_wide, 0.0), axis=1)
-                        grad_y += tl.sum(tl.where(tile_mask, value * sy[:, None] * wx[:, None] * wz[:, None]
-                                                  * grad_wide, 0.0), axis=1)
-                        grad_z += tl.sum(tl.where(tile_mask, value * sz[:, None] * wx[:, None] * wy[:, None]
-                                                  * grad_wide, 0.0), axis=1)
+                        row_w += value * wx[:, None]
+                        row_s += value * cubic_slope(ix - x0, i)[:, None]
+                if WANT_DGRID:
+                    plane_w += row_w * wy[:, None]
+                    plane_sx += row_s * wy[:, None]
+                    plane_sy += row_w * cubic_slope(iy - y0, j)[:, None]
+            if WANT_DGRID:
+                total_x += plane_sx * wz[:, None]
+                total_y += plane_sy * wz[:, None]
+                total_z += plane_w * cubic_slope(iz - z0, k)[:, None]
+        if WANT_DGRID:
+            grad_x += tl.sum(tl.where(tile_mask, total_x * grad_wide, 0.0), axis=1)
+            grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
+            grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
     if WANT_DGRID:
         out = dgrid_ptr + point * 3
         tl.store(out, grad_x * mx, mask=point_mask)
