@@ -11,19 +11,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-INT_MAX: tl.constexpr = 2147483647
-INT_MIN: tl.constexpr = -2147483648
-OUT_OF_RANGE: tl.constexpr = -100.0
+INT_MAX = tl.constexpr(2147483647)
+INT_MIN = tl.constexpr(-2147483648)
+OUT_OF_RANGE = tl.constexpr(-100.0)
 # 1.5 * 2**52: (x + ROUNDER) - ROUNDER rounds x to the nearest integer, ties to even (C
 # nearbyint), for |x| < 2**51, which every index is after safe_range.
-ROUNDER: tl.constexpr = 6755399441055744.0
+ROUNDER = tl.constexpr(6755399441055744.0)
 
 # The values of modes.Interpolation / Padding, as compile-time constants.
-BILINEAR: tl.constexpr = 0
-NEAREST: tl.constexpr = 1
-ZEROS: tl.constexpr = 0
-BORDER: tl.constexpr = 1
-REFLECTION: tl.constexpr = 2
+BILINEAR = tl.constexpr(0)
+NEAREST = tl.constexpr(1)
+ZEROS = tl.constexpr(0)
+BORDER = tl.constexpr(1)
+REFLECTION = tl.constexpr(2)
 
 
 @triton.jit
@@ -54,7 +54,7 @@ def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr
     padding (clipped to ``size - 1``); the backward lets it fall out of range.
     """
     coord = coord.to(tl.float64)
-    extent = size.to(tl.float64)
+    extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
         index = (coord + 1.0) / 2.0 * (extent - 1.0)
         multiplier = tl.zeros_like(coord) + (extent - 1.0) / 2.0
@@ -128,33 +128,35 @@ def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, st
 
 # ---- bicubic: padding applies to each tap; the point's index is only unnormalised ----
 
-CUBIC_A: tl.constexpr = -0.75
-
-
 @triton.jit
 def unnormalize(coord, size, ALIGN_CORNERS: tl.constexpr):
     """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels."""
     coord = coord.to(tl.float64)
-    extent = size.to(tl.float64)
+    extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
         return (coord + 1.0) / 2.0 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) / 2.0
     return ((coord + 1.0) * extent - 1.0) / 2.0, tl.zeros_like(coord) + extent / 2.0
 
 
+# The cubic convolution constant A = -0.75 is a local in each helper: a constexpr global on
+# the left of an operation with a tensor does not evaluate under the interpreter.
+
+
 @triton.jit
 def cubic_weight(t, STEP: tl.constexpr):
     """Cubic convolution weight (A = -0.75) of tap floor - 1 + STEP at fraction ``t``, PyTorch's evaluation."""
+    a = -0.75
     if STEP == 0:
         x = t + 1.0
-        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+        return ((x * a - a * 5) * x + a * 8) * x - a * 4
     elif STEP == 1:
-        return ((CUBIC_A + 2) * t - (CUBIC_A + 3)) * t * t + 1
+        return (t * (a + 2) - (a + 3)) * t * t + 1
     elif STEP == 2:
         x = 1.0 - t
-        return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
+        return (x * (a + 2) - (a + 3)) * x * x + 1
     else:
         x = 2.0 - t
-        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
+        return ((x * a - a * 5) * x + a * 8) * x - a * 4
 
 
 @triton.jit
@@ -167,24 +169,25 @@ def cubic_weight_at(t, step):
 @triton.jit
 def cubic_slope(t, STEP: tl.constexpr):
     """d weight / d t of :func:`cubic_weight` (PyTorch's gradient coefficient, negated)."""
+    a = -0.75
     if STEP == 0:
         x = -1.0 - t
-        return -((-3 * CUBIC_A * x - 10 * CUBIC_A) * x - 8 * CUBIC_A)
+        return -((x * (a * -3) - a * 10) * x - a * 8)
     elif STEP == 1:
         x = -t
-        return -((-3 * (CUBIC_A + 2) * x - 2 * (CUBIC_A + 3)) * x)
+        return -((x * ((a + 2) * -3) - (a + 3) * 2) * x)
     elif STEP == 2:
         x = 1.0 - t
-        return -((3 * (CUBIC_A + 2) * x - 2 * (CUBIC_A + 3)) * x)
+        return -((x * ((a + 2) * 3) - (a + 3) * 2) * x)
     else:
         x = 2.0 - t
-        return -((3 * CUBIC_A * x - 10 * CUBIC_A) * x + 8 * CUBIC_A)
+        return -((x * (a * 3) - a * 10) * x + a * 8)
 
 
 @triton.jit
 def pad_tap(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr):
     """Where padding sends the integer tap coordinate ``coord`` (float64), as int64; unusable -> out of range."""
-    extent = size.to(tl.float64)
+    extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if PADDING == REFLECTION:
         if ALIGN_CORNERS:
             coord, _ = reflect(coord, 0.0, 2.0 * (extent - 1.0))

@@ -53,6 +53,12 @@ def _store_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 and interpreter_enabled() else dtype
 
 
+def _fusion(dtype: torch.dtype) -> dict:
+    """Launch option: float64 keeps multiplies and adds unfused, so that its sums follow the
+    reference's (and PyTorch's) rounding; other dtypes let the compiler fuse them."""
+    return {"enable_fp_fusion": dtype != torch.float64}
+
+
 def _blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
     """(points, channels) per program: up to 16 channels wide, about ``tile`` elements in all."""
     block_c = 1
@@ -101,7 +107,8 @@ class TritonBackend:
         with _on_device(x.device):
             kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
                 x, grid, y, points, channels, *x.shape[2:], *grid.shape[1:4], *x.stride(), *grid.stride(),
-                *y.stride(), **modes, ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c)
+                *y.stride(), **modes, ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c,
+                **_fusion(x.dtype))
         return y.to(x.dtype)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
@@ -137,7 +144,7 @@ class TritonBackend:
                 kernel[(_cdiv(points, block_p),)](
                     grad, x, grid, target, dgrid if kernel_dgrid else grid, points, channels, *x.shape[2:],
                     *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(), *target.stride(), **modes, ACC=acc,
-                    WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c)
+                    WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c, **_fusion(x.dtype))
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
@@ -162,7 +169,7 @@ class TritonBackend:
         block_v, block_c = _blocks(channels, tile=1024)
         backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
             grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
-            *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c)
+            *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
         return dx.to(x.dtype)
 
     @staticmethod
@@ -187,5 +194,5 @@ class TritonBackend:
             bicubic.bicubic_dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
-                ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c)
+                ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
         return dx.to(x.dtype)
