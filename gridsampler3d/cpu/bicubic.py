@@ -69,7 +69,6 @@ def _tap_offsets(taps, sizes, spatial, offsets):
 def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, padding,
                        align_corners):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); every element written."""
-    depth, height, width = sizes
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
     for row in prange(batch * out_depth * out_height):
@@ -105,7 +104,6 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
                          out_sizes, padding, align_corners):
     """dgrid (N * Do * Ho * Wo * 3,): per point and channel, separable sums with one axis's weights replaced by
     its slopes, times grad, accumulated over channels in order."""
-    depth, height, width = sizes
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
     for row in prange(batch * out_depth * out_height):
