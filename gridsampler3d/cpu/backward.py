@@ -1,90 +1,28 @@
-"""Backward kernels of the CPU engine: one owner-computes pass for dx and dgrid.
+"""Backward kernels of the CPU engine: dx and dgrid, a block of points at a time.
 
-``dx`` receives contributions from many points. Instead of atomics or per-thread copies
-of dx, its (n, z) planes are split into one slab per thread, balanced by the number of
-taps that land in each plane; each thread walks the points in order and adds only the
-taps that fall in its own slab, and computes the grid gradient of the points whose
-lowest tap plane it owns. Every voxel therefore sums its contributions in point order,
-as PyTorch's sequential loop does: results are deterministic, independent of the thread
-count, and for float64 bitwise equal to PyTorch's.
-
-Extra memory: one int32 per output point (the depth of its lowest tap) and one int64 per
-(n, z) plane.
+Per block of one output row, phase A (:mod:`.block`) computes coordinates, weights and
+tap offsets with the points as SIMD lanes. The grid gradient then gathers every channel's
+taps across the same lanes, summing channels outer and taps inner in float64, PyTorch's
+order. Phase B walks the block's points in order and adds their taps into dx, each
+thread only into the (n, z) planes it owns (:mod:`.plan`), with a branch-free path for
+points whose eight taps all land there. Kernels are built per (interpolation, padding,
+align_corners), compiled on first use and cached on disk.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from numba import njit, prange
 
-from .coords import (BILINEAR, NEAREST, corner_weights, depth_base, nearest_tap, point_index, source_index,
-                     tap_sign, trilinear_tap)
-from .tuning import PLAN_SAMPLES, VECTOR_CHANNELS
+from .block import block_coordinates, masked_offsets, nearest_cells, tap_delta, tap_weight, trilinear_cells
+from .coords import NEAREST, ROUNDER
+from .tuning import BLOCK, VECTOR_CHANNELS
+
+ALL_TAPS = 255
 
 
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def lowest_depth_kernel(grid, grid_strides, lowest_depth, batch, sizes, out_sizes, interpolation, padding,
-                        align_corners):
-    """``lowest_depth[p]`` (N * Do * Ho * Wo,) int32: the lowest depth index point p's taps touch."""
-    out_depth, out_height, out_width = out_sizes
-    for row in prange(batch * out_depth * out_height):
-        n = row // (out_depth * out_height)
-        d = (row // out_height) % out_depth
-        h = row % out_height
-        for w in range(out_width):
-            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-            iz, _ = source_index(float(grid[point + 2 * grid_strides[4]]), sizes[0], padding, align_corners, False)
-            lowest_depth[row * out_width + w] = depth_base(interpolation, iz)
-
-
-@njit(cache=True, error_model="numpy")
-def plan_slabs(lowest_depth, batch, depth, points_per_batch, interpolation, slab_count):
-    """Split the N * D planes of dx into ``slab_count`` runs carrying about equal work.
-
-    Returns the slab bounds (slab_count + 1,) int64 in plane units (plane = n * D + z).
-    The load is estimated from a sample of the points.
-    """
-    planes = batch * depth
-    load = np.ones(planes, np.int64)  # a plane with no taps still costs its zeroing
-    reach = 2 if interpolation == BILINEAR else 1
-    stride = max(1, lowest_depth.size // PLAN_SAMPLES)
-    for p in range(0, lowest_depth.size, stride):
-        n = p // points_per_batch
-        for z in range(lowest_depth[p], lowest_depth[p] + reach):
-            if 0 <= z < depth:
-                load[n * depth + z] += stride
-    total = load.sum()
-    bounds = np.empty(slab_count + 1, np.int64)
-    bounds[0] = 0
-    running = 0
-    plane = 0
-    for slab in range(1, slab_count):
-        target = total * slab // slab_count
-        while plane < planes and running + load[plane] <= target:
-            running += load[plane]
-            plane += 1
-        bounds[slab] = plane
-    bounds[slab_count] = planes
-    return bounds
-
-
-@njit(cache=True, error_model="numpy")
-def is_coherent(lowest_depth, out_width):
-    """Whether neighbouring points mostly share their depth: a smooth grid, not a random one.
-
-    Sampled; decides only whether dx and dgrid share one pass (faster for smooth grids) or
-    take one each (faster for random grids, whose gathers and scatters thrash the cache).
-    """
-    stride = max(1, lowest_depth.size // PLAN_SAMPLES)
-    near = pairs = 0
-    for p in range(0, lowest_depth.size - 1, stride):
-        if (p + 1) % out_width != 0:
-            pairs += 1
-            near += abs(lowest_depth[p + 1] - lowest_depth[p]) <= 1
-    return near >= 0.9 * pairs
-
-
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", forceinline=True)
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel."""
     depth, height, width = sizes
@@ -97,102 +35,184 @@ def zero_planes(dx, dx_strides, first, last, channels, sizes):
                     dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def scatter_channels(dx, dx_start, grad, grad_start, weight, channels):
-    """dx[dx_start + c] += weight * grad[grad_start + c] for every (contiguous) channel."""
-    for c in range(channels):
-        dx[dx_start + c] += weight * grad[grad_start + c]
+@functools.cache
+def backward_kernel(interpolation: int, padding: int, align_corners: bool):
+    """The backward kernel of one mode triple.
 
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def grid_sampler3d_bwd_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
-                              lowest_depth, bounds, batch, channels, sizes, out_sizes, interpolation, padding,
-                              align_corners, want_dx, want_dgrid):
-    """Fill ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid`` (N * Do * Ho * Wo * 3,) if ``want_dgrid``.
-
-    Every element of an output asked for is written. ``lowest_depth`` comes from
-    :func:`lowest_depth_kernel`, ``bounds`` from :func:`plan_slabs`. The grid gradient is
-    the sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad, in
-    float64 and in PyTorch's order, times the coordinate multiplier.
-
-    Both outputs can be computed in one call; for a random grid two calls (one per output,
-    see :func:`is_coherent`) are faster, as each then keeps only one large array hot.
+    ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
+    row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid,
+    own_by_plane)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid`` (N * Do * Ho *
+    Wo * 3,) if ``want_dgrid``. ``parts`` (P, 4) gives each parallel part its dx planes
+    [first, end) (plane = n * D + z) and rows [first, end) (row = n * Do * Ho + d * Ho + h);
+    ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
+    skip rows that miss its planes. With ``own_by_plane`` a part writes the grid gradient
+    of the points whose lowest tap plane it owns; otherwise of every point in its rows
+    (whose row bounds then need not be set). Nearest kernels compute dx only: their grid
+    gradient is zero. Every element of an output asked for is written.
     """
-    depth, height, width = sizes
-    out_depth, out_height, out_width = out_sizes
-    points_per_batch = out_depth * out_height * out_width
-    x_spatial = (x_strides[2], x_strides[3], x_strides[4])
-    dx_spatial = (dx_strides[2], dx_strides[3], dx_strides[4])
-    reach = 2 if interpolation == BILINEAR else 1
-    # Contiguous channels: each tap's dx update loops over the channels innermost, vectorised.
-    vector_channels = channels >= VECTOR_CHANNELS and grad_strides[1] == 1 and (not want_dx or dx_strides[1] == 1)
-    for slab in prange(bounds.size - 1):
-        first, last = bounds[slab], bounds[slab + 1]
-        if want_dx:
-            zero_planes(dx, dx_strides, first, last, channels, sizes)
-        for n in range(first // depth, (last + depth - 1) // depth):
-            z_lo = max(first - n * depth, 0)
-            z_hi = min(last - n * depth, depth)
-            if z_lo >= z_hi:
+    nearest = interpolation == NEAREST
+    reach = 1 if nearest else 2
+
+    @njit(parallel=True, cache=True, error_model="numpy")
+    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, row_first, row_last,
+               parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane):
+        depth = sizes[0]
+        out_depth, out_height, out_width = out_sizes
+        x_spatial = (x_strides[2], x_strides[3], x_strides[4])
+        dx_spatial = (dx_strides[2], dx_strides[3], dx_strides[4])
+        # Contiguous channels: each tap's dx update runs over the channels innermost.
+        channel_inner = channels >= VECTOR_CHANNELS and grad_strides[1] == 1 and dx_strides[1] == 1
+        for part in prange(parts.shape[0]):
+            plane_lo, plane_hi, row_lo, row_hi = parts[part, 0], parts[part, 1], parts[part, 2], parts[part, 3]
+            ix, iy, iz = np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK)
+            mx, my, mz = np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK)
+            sides = np.empty(6 * BLOCK)
+            weights = np.empty(8 * BLOCK)
+            offsets = np.empty(8 * BLOCK, np.int64)
+            corner = np.empty(BLOCK, np.int64)
+            inside = np.empty(BLOCK, np.int64)
+            dx_corner = np.empty(BLOCK, np.int64)
+            in_slab = np.empty(BLOCK, np.int64)
+            grad_x, grad_y, grad_z = np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK)
+            if want_dx:
+                zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
+            for row in range(row_lo, row_hi):
+                n = row // (out_depth * out_height)
+                d = (row // out_height) % out_depth
+                h = row % out_height
+                z_lo = max(plane_lo - n * depth, 0)
+                z_hi = min(plane_hi - n * depth, depth)
+                if z_lo >= z_hi:
+                    continue
+                do_dx = False
+                own = want_dgrid and not own_by_plane
+                if want_dx or own_by_plane:
+                    first_z, last_z = row_first[row], row_last[row]
+                    do_dx = want_dx and last_z + reach > z_lo and first_z < z_hi
+                    if own_by_plane:
+                        own = want_dgrid and min(max(last_z, 0), depth - 1) >= z_lo \
+                            and min(max(first_z, 0), depth - 1) < z_hi
+                if not (do_dx or own):
+                    continue
+                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+                first_grad = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3]
+                x_batch, dx_batch = n * x_strides[0], n * dx_strides[0]
+                for start in range(0, out_width, BLOCK):
+                    count = min(BLOCK, out_width - start)
+                    block_coordinates(grid, first_point + start * grid_strides[3], grid_strides[3], grid_strides[4],
+                                      count, sizes, padding, align_corners, False, ix, iy, iz, mx, my, mz)
+                    grad_at = first_grad + start * grad_strides[4]
+                    if nearest:
+                        nearest_cells(count, ix, iy, iz, sizes, dx_spatial, dx_corner, inside)
+                        for i in range(count):
+                            z = np.int64((iz[i] + ROUNDER) - ROUNDER)
+                            in_slab[i] = inside[i] & np.int64((z >= z_lo) & (z < z_hi))
+                        if channel_inner:
+                            for i in range(count):
+                                if in_slab[i]:
+                                    target = dx_batch + dx_corner[i]
+                                    source = grad_at + i * grad_strides[4]
+                                    for c in range(channels):
+                                        dx[target + c] += grad[source + c]
+                        else:
+                            for c in range(channels):
+                                target = dx_batch + c * dx_strides[1]
+                                source = grad_at + c * grad_strides[1]
+                                for i in range(count):
+                                    if in_slab[i]:
+                                        dx[target + dx_corner[i]] += grad[source + i * grad_strides[4]]
+                        continue
+                    trilinear_cells(count, ix, iy, iz, sizes, x_spatial, sides, corner, inside)
+                    if own:
+                        _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides,
+                                       corner, inside, offsets, x_spatial, grad_x, grad_y, grad_z)
+                        p = 3 * (row * out_width + start)
+                        for i in range(count):
+                            lowest = min(max(np.int64(np.floor(iz[i])), 0), depth - 1)
+                            if not own_by_plane or (lowest >= z_lo and lowest < z_hi):
+                                dgrid[p + 3 * i] = mx[i] * grad_x[i]
+                                dgrid[p + 3 * i + 1] = my[i] * grad_y[i]
+                                dgrid[p + 3 * i + 2] = mz[i] * grad_z[i]
+                    if do_dx:
+                        for i in range(count):
+                            z0 = np.int64(np.floor(iz[i]))
+                            x0, y0 = np.int64(np.floor(ix[i])), np.int64(np.floor(iy[i]))
+                            dx_corner[i] = z0 * dx_spatial[0] + y0 * dx_spatial[1] + x0 * dx_spatial[2]
+                            low_in = np.int64((z0 >= z_lo) & (z0 < z_hi))
+                            high_in = np.int64((z0 + 1 >= z_lo) & (z0 + 1 < z_hi))
+                            in_slab[i] = inside[i] & (low_in * 0x0F | high_in * 0xF0)
+                            for tap in range(8):
+                                weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                        _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
+                                 channel_inner, weights, dx_corner, in_slab)
+
+    return kernel
+
+
+@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, corner, inside,
+                   offsets, x_spatial, grad_x, grad_y, grad_z):
+    """Per point i: grad_x/y/z[i] = sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad.
+
+    Vectorised across the points; an outside tap's term is not added (its gather reads
+    a valid element that the tap's bit then discards).
+    """
+    masked_offsets(count, corner, inside, x_spatial, offsets)
+    grad_x[:count] = 0.0
+    grad_y[:count] = 0.0
+    grad_z[:count] = 0.0
+    for c in range(channels):
+        source = x_batch + c * x_strides[1]
+        at = grad_at + c * grad_strides[1]
+        for i in range(count):
+            g = float(grad[at + i * grad_strides[4]])
+            sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
+            for tap in range(8):
+                value = float(x[source + offsets[tap * BLOCK + i]])
+                wx = sides[(tap & 1) * BLOCK + i]
+                wy = sides[(2 + ((tap >> 1) & 1)) * BLOCK + i]
+                wz = sides[(4 + (tap >> 2)) * BLOCK + i]
+                counts = (inside[i] >> tap) & 1
+                # d weight / d index is -1 for a tap's low side along an axis, +1 for its high side
+                term_x = value * wy * wz * g
+                term_y = value * wx * wz * g
+                term_z = value * wx * wy * g
+                sum_x = (sum_x + term_x if tap & 1 else sum_x - term_x) if counts else sum_x
+                sum_y = (sum_y + term_y if (tap >> 1) & 1 else sum_y - term_y) if counts else sum_y
+                sum_z = (sum_z + term_z if tap >> 2 else sum_z - term_z) if counts else sum_z
+            grad_x[i], grad_y[i], grad_z[i] = sum_x, sum_y, sum_z
+
+
+@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, channel_inner,
+             weights, dx_corner, in_slab):
+    """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``in_slab``, points in order."""
+    if channel_inner:
+        for i in range(count):
+            bits = in_slab[i]
+            if bits == 0:
                 continue
-            p = n * points_per_batch
-            for d in range(out_depth):
-                for h in range(out_height):
-                    for w in range(out_width):
-                        z_base = lowest_depth[p]
-                        touches = want_dx and z_base + reach > z_lo and z_base < z_hi
-                        owns = want_dgrid and z_lo <= min(max(z_base, 0), depth - 1) < z_hi
-                        if touches or owns:
-                            _backward_point(grad, grad_strides, x, x_strides, x_spatial, grid, grid_strides, dx,
-                                            dx_strides, dx_spatial, dgrid, p, n, d, h, w, channels, sizes,
-                                            interpolation, padding, align_corners, touches, owns, z_lo, z_hi,
-                                            vector_channels)
-                        p += 1
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _backward_point(grad, grad_strides, x, x_strides, x_spatial, grid, grid_strides, dx, dx_strides, dx_spatial,
-                    dgrid, p, n, d, h, w, channels, sizes, interpolation, padding, align_corners, touches, owns,
-                    z_lo, z_hi, vector_channels):
-    """One output point's share of the backward: its dgrid if it ``owns`` it, and its dx taps in [z_lo, z_hi)."""
-    point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-    ix, iy, iz, mx, my, mz = point_index(grid, point, grid_strides[4], sizes, padding, align_corners, False)
-    out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-    if interpolation == NEAREST:
-        if owns:
-            dgrid[3 * p] = dgrid[3 * p + 1] = dgrid[3 * p + 2] = 0.0
-        if touches:
-            inside, offset, _ = nearest_tap(ix, iy, iz, sizes, dx_spatial, z_lo, z_hi)
-            if inside:
-                for c in range(channels):
-                    dx[n * dx_strides[0] + c * dx_strides[1] + offset] += grad[out + c * grad_strides[1]]
+            source = grad_at + i * grad_strides[4]
+            for tap in range(8):
+                if (bits >> tap) & 1:
+                    weight = weights[tap * BLOCK + i]
+                    target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
+                    for c in range(channels):
+                        dx[target + c] += weight * grad[source + c]
         return
-    cell = corner_weights(ix, iy, iz)
-    if owns:
-        gx = gy = gz = 0.0
-        for c in range(channels):
-            g = float(grad[out + c * grad_strides[1]])
-            base = n * x_strides[0] + c * x_strides[1]
-            for tap in range(8):
-                inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, x_spatial, 0, sizes[0])
-                if inside:
-                    value = x[base + offset]
-                    gx += tap_sign(tap, 0) * (value * wy * wz * g)
-                    gy += tap_sign(tap, 1) * (value * wx * wz * g)
-                    gz += tap_sign(tap, 2) * (value * wx * wy * g)
-        dgrid[3 * p] = mx * gx
-        dgrid[3 * p + 1] = my * gy
-        dgrid[3 * p + 2] = mz * gz
-    if touches and vector_channels:
-        for tap in range(8):
-            inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, dx_spatial, z_lo, z_hi)
-            if inside:
-                scatter_channels(dx, n * dx_strides[0] + offset, grad, out, wx * wy * wz, channels)
-    elif touches:
-        for c in range(channels):
-            g = float(grad[out + c * grad_strides[1]])
-            base = n * dx_strides[0] + c * dx_strides[1]
-            for tap in range(8):
-                inside, offset, wx, wy, wz = trilinear_tap(tap, cell, sizes, dx_spatial, z_lo, z_hi)
-                if inside:
-                    dx[base + offset] += (wx * wy * wz) * g
+    for c in range(channels):
+        plane = dx_batch + c * dx_strides[1]
+        at = grad_at + c * grad_strides[1]
+        for i in range(count):
+            bits = in_slab[i]
+            if bits == 0:
+                continue
+            g = float(grad[at + i * grad_strides[4]])
+            target = plane + dx_corner[i]
+            if bits == ALL_TAPS:
+                for tap in range(8):
+                    dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g
+            else:
+                for tap in range(8):
+                    if (bits >> tap) & 1:
+                        dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g

@@ -21,75 +21,87 @@ OUT_OF_RANGE = -100.0
 BILINEAR, NEAREST = 0, 1
 ZEROS, BORDER, REFLECTION = 0, 1, 2
 
-kernel = njit(cache=True, error_model="numpy", nogil=True, inline="always")
+# LLVM inlines these into each kernel (forceinline), where they fold with the kernel's
+# compile-time modes; Numba's IR inliner would cost several times the compile time.
+kernel = njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
 
 
 @kernel
-def reflect_with_grad(index, twice_low, twice_high):
-    """Reflect about [twice_low / 2, twice_high / 2]: (index, gradient sign)."""
+def reflect_with_grad(index, twice_low, twice_high, exact=True):
+    """Reflect about [twice_low / 2, twice_high / 2]: (index, gradient sign, resolved).
+
+    With ``exact`` False the remainder is taken without ``fmod`` (a libm call that stops
+    a loop from vectorising): exact, by Sterbenz's lemma, for an index within two spans
+    of the low bound, and ``resolved`` is False for any other (and for NaN), to be
+    recomputed with ``exact`` True. Resolved results are bitwise those of the exact rule.
+    """
     if twice_low == twice_high:
-        return 0.0, 0.0
-    low = twice_low / 2.0
-    span = (twice_high - twice_low) / 2.0
+        return 0.0, 0.0, True
+    low = twice_low * 0.5
+    span = (twice_high - twice_low) * 0.5
     shifted = index - low
-    sign = 1.0
-    if shifted < 0:
-        sign = -1.0
-        shifted = -shifted
-    extra = np.fmod(shifted, span)
-    flips = math.floor(shifted / span)
+    negative = shifted < 0
+    distance = -shifted if negative else shifted
+    flips = np.floor(distance / span)
+    if exact:
+        extra = np.fmod(distance, span)
+        resolved = True
+    else:
+        extra = distance if distance < span else distance - span
+        resolved = distance < span + span
     # C++ casts the flip count to int: past INT_MAX (or NaN) it is INT_MIN, which is even.
-    odd = flips <= INT_MAX and int(flips) % 2 == 1
-    if odd:
-        return span - extra + low, -sign
-    return extra + low, sign
+    odd = (flips <= INT_MAX) & (flips - 2.0 * np.floor(flips * 0.5) == 1.0)
+    sign = (-1.0 if negative else 1.0) * (-1.0 if odd else 1.0)
+    return (span - extra + low) if odd else (extra + low), sign, resolved
 
 
 @kernel
 def clip_with_grad(index, size):
     """Clip to [0, size - 1]; the bounds count as outside (gradient 0); NaN passes with 1."""
-    if index <= 0:
-        return 0.0, 0.0
     upper = float(size - 1)
-    if index >= upper:
-        return upper, 0.0
-    return index, 1.0
+    below = index <= 0
+    above = index >= upper
+    clipped = 0.0 if below else (upper if above else index)
+    return clipped, 0.0 if below | above else 1.0
 
 
 @kernel
 def to_safe_range(index):
     """NaN, +-inf and values outside the int32 range become an out-of-bounds index."""
-    if not math.isfinite(index) or index > INT_MAX - 1 or index < INT_MIN:
-        return OUT_OF_RANGE
-    return index
+    usable = (index <= INT_MAX - 1) & (index >= INT_MIN)
+    return index if usable else OUT_OF_RANGE
 
 
 @kernel
-def source_index(coord, size, padding, align_corners, forward):
+def source_index(coord, size, padding, align_corners, forward, exact=True):
     """Voxel index and d index / d coord of one normalised coordinate along ``size`` voxels.
 
+    Returns (index, multiplier, resolved); ``resolved`` is False only where ``exact`` is
+    False and reflection needs the exact remainder (see :func:`reflect_with_grad`).
     ``forward`` selects PyTorch's forward treatment of a NaN under border/reflection
-    padding (clipped to ``size - 1``); the backward lets it fall out of range.
+    padding (clipped to ``size - 1``); the backward lets it fall out of range. Written
+    without data-dependent branches, so that loops over points vectorise.
     """
     if align_corners:
-        index = (coord + 1.0) / 2.0 * (size - 1)
-        multiplier = (size - 1) / 2.0
+        index = (coord + 1.0) * 0.5 * (size - 1)
+        multiplier = (size - 1) * 0.5
     else:
-        index = ((coord + 1.0) * size - 1.0) / 2.0
-        multiplier = size / 2.0
+        index = ((coord + 1.0) * size - 1.0) * 0.5
+        multiplier = size * 0.5
+    resolved = True
     if padding == REFLECTION:
         if align_corners:
-            index, sign = reflect_with_grad(index, 0, 2 * (size - 1))
+            index, sign, resolved = reflect_with_grad(index, 0, 2 * (size - 1), exact)
         else:
-            index, sign = reflect_with_grad(index, -1, 2 * size - 1)
+            index, sign, resolved = reflect_with_grad(index, -1, 2 * size - 1, exact)
         multiplier = multiplier * sign
     if padding != ZEROS:
         was_nan = index != index
         index, inside = clip_with_grad(index, size)
         multiplier = multiplier * inside
-        if forward and was_nan:
-            index = float(size - 1)
-    return to_safe_range(index), multiplier
+        if forward:
+            index = float(size - 1) if was_nan else index
+    return to_safe_range(index), multiplier, resolved
 
 
 @kernel
@@ -99,9 +111,9 @@ def point_index(grid, offset, step, sizes, padding, align_corners, forward):
     ``grid`` is flat; its x, y, z components sit ``step`` elements apart; ``sizes`` is
     (D, H, W).
     """
-    ix, mx = source_index(float(grid[offset]), sizes[2], padding, align_corners, forward)
-    iy, my = source_index(float(grid[offset + step]), sizes[1], padding, align_corners, forward)
-    iz, mz = source_index(float(grid[offset + 2 * step]), sizes[0], padding, align_corners, forward)
+    ix, mx, _ = source_index(float(grid[offset]), sizes[2], padding, align_corners, forward)
+    iy, my, _ = source_index(float(grid[offset + step]), sizes[1], padding, align_corners, forward)
+    iz, mz, _ = source_index(float(grid[offset + 2 * step]), sizes[0], padding, align_corners, forward)
     return ix, iy, iz, mx, my, mz
 
 
@@ -190,8 +202,8 @@ CUBIC_A = -0.75
 def unnormalize(coord, size, align_corners):
     """(index, d index / d coord) of a normalised coordinate along ``size`` voxels."""
     if align_corners:
-        return (coord + 1.0) / 2.0 * (size - 1), (size - 1) / 2.0
-    return ((coord + 1.0) * size - 1.0) / 2.0, size / 2.0
+        return (coord + 1.0) * 0.5 * (size - 1), (size - 1) * 0.5
+    return ((coord + 1.0) * size - 1.0) * 0.5, size * 0.5
 
 
 @kernel
@@ -243,9 +255,9 @@ def pad_tap(coord, size, padding, align_corners):
     """
     if padding == REFLECTION:
         if align_corners:
-            coord, _ = reflect_with_grad(coord, 0, 2 * (size - 1))
+            coord, _, _ = reflect_with_grad(coord, 0, 2 * (size - 1))
         else:
-            coord, _ = reflect_with_grad(coord, -1, 2 * size - 1)
+            coord, _, _ = reflect_with_grad(coord, -1, 2 * size - 1)
     if padding != ZEROS:
         coord, _ = clip_with_grad(coord, size)
     return int(to_safe_range(coord))

@@ -1,8 +1,9 @@
 """The Numba CPU backend: hands torch tensors to the kernels as flat arrays with strides.
 
 No operand is copied for layout: NCDHW, channels-last and sliced tensors are read in
-place. float16 and bfloat16 operands are widened to float32 once (NumPy has no bfloat16);
-all arithmetic is float64 and each output is rounded once into its dtype.
+place. float16 and bfloat16 operands are widened to float64 once (NumPy has no
+bfloat16), so that every sum that ends in half precision runs in float64 and is rounded
+once; float32 computes in float64 and stores in float32; float64 is exact throughout.
 """
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import torch
 
 from ..backends import memory_format_of
 from ..modes import Interpolation, Padding
-from .backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
+from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
+from .plan import depth_ranges, is_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
+# With one thread, whether a grid is smooth is judged from about this many of its rows.
+_SAMPLED_ROWS = 256
 
 
 def _flat(tensor: torch.Tensor):
@@ -32,7 +36,7 @@ def _flat(tensor: torch.Tensor):
 
 
 def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.float()
+    return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.double()
 
 
 @functools.cache
@@ -71,7 +75,7 @@ class NumbaBackend:
         x, grid = _kernel_dtype(x), _kernel_dtype(grid)
         batch, channels = x.shape[:2]
         y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=layout)
-        _threads()
+        threads = _threads()
         x_flat, x_strides = _flat(x)
         grid_flat, grid_strides = _flat(grid)
         y_flat, y_strides = _flat(y)
@@ -80,8 +84,8 @@ class NumbaBackend:
             bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
                                align_corners)
         else:
-            kernel = forward_kernel(int(interpolation), int(padding))
-            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, align_corners)
+            kernel = forward_kernel(int(interpolation), int(padding), bool(align_corners))
+            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
         return y.to(dtype=dtype, memory_format=layout)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
@@ -92,7 +96,6 @@ class NumbaBackend:
         grad, x, grid = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(grid)
         batch, channels = x.shape[:2]
         sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
-        points = batch * out_sizes[0] * out_sizes[1] * out_sizes[2]
         threads = _threads()
         grad_flat, grad_strides = _flat(grad)
         x_flat, x_strides = _flat(x)
@@ -100,6 +103,7 @@ class NumbaBackend:
         dgrid = torch.empty(grid.shape if want_dgrid else (0,), dtype=grid.dtype)
         dx = torch.empty_like(x, memory_format=layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
+        dgrid_flat = dgrid.numpy().reshape(-1)
         if interpolation == Interpolation.BICUBIC:
             shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners)
             if want_dx:
@@ -108,23 +112,39 @@ class NumbaBackend:
                 bicubic_dx_kernel(grad_flat, grad_strides, grid_flat, grid_strides, dx_flat, dx_strides, bounds,
                                   *shapes)
             if want_dgrid:
-                bicubic_dgrid_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides,
-                                     dgrid.numpy().reshape(-1), *shapes)
+                bicubic_dgrid_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dgrid_flat,
+                                     *shapes)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        lowest_depth = np.empty(points, np.int32)
-        codes = (int(interpolation), int(padding), align_corners)
-        lowest_depth_kernel(grid_flat, grid_strides, lowest_depth, batch, sizes, out_sizes, *codes)
-        bounds = plan_slabs(lowest_depth, batch, sizes[0], points // batch, int(interpolation), threads)
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
             want_dgrid = False
-        passes = [(want_dx, want_dgrid)] if is_coherent(lowest_depth, out_sizes[2]) else [(want_dx, False),
-                                                                                         (False, want_dgrid)]
-        for pass_dx, pass_dgrid in passes:
-            if pass_dx or pass_dgrid:
-                grid_sampler3d_bwd_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat,
-                                          dx_strides, dgrid.numpy().reshape(-1), lowest_depth, bounds, batch, channels,
-                                          sizes, out_sizes, *codes, pass_dx, pass_dgrid)
+        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners))
+        rows = batch * out_sizes[0] * out_sizes[1]
+        operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
+                    dgrid_flat)
+        shapes = (batch, channels, sizes, out_sizes)
+        if not want_dx:
+            if want_dgrid:
+                unused = np.empty(0, np.int64)
+                kernel(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
+                       False)
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
+        row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+        codes = (int(interpolation), int(padding), bool(align_corners))
+        # One thread owns every plane and skips no row: sampled rows suffice to judge the grid.
+        row_step = 1 if threads > 1 else max(1, rows // _SAMPLED_ROWS)
+        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last)
+        reach = 1 if interpolation == Interpolation.NEAREST else 2
+        if threads > 1:
+            slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
+                               threads)
+        else:
+            slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
+        fused = want_dgrid and is_coherent(row_first, row_last, row_step)
+        if want_dgrid and not fused:
+            kernel(*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
+                   False)
+        kernel(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod

@@ -1,9 +1,11 @@
-"""Forward kernel of the CPU engine: ``y = sample(x, grid)``, parallel over output rows.
+"""Forward kernels of the CPU engine: ``y = sample(x, grid)``, one block of points at a time.
 
-Operands are flat 1-D arrays with explicit element strides, so any layout (NCDHW,
-channels-last, sliced) is read in place; offsets are int64 throughout. Kernels are built
-per (interpolation, padding) pair, with the modes fixed at compile time: the per-point
-code then carries no branch on them, which makes it markedly faster.
+Per block, phase A (:mod:`.block`) computes coordinates, weights and tap offsets with the
+points as SIMD lanes; then every channel gathers its taps across the same lanes. Channels-
+last data with enough channels instead runs the channel vector innermost. Operands are
+flat 1-D arrays with element strides (any layout is read in place); offsets are int64.
+Kernels are built per (interpolation, padding, align_corners), so the per-point code
+carries no branch on the modes; each is compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -12,68 +14,86 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from .coords import NEAREST, nearest_tap, point_index
-from .taps import trilinear_accumulate, trilinear_sum
-from .tuning import VECTOR_CHANNELS
+from .block import block_coordinates, masked_offsets, nearest_cells, tap_weight, trilinear_cells
+from .coords import NEAREST
+from .tuning import BLOCK, VECTOR_CHANNELS
 
 
 @functools.cache
-def forward_kernel(interpolation: int, padding: int):
-    """The forward kernel for one (interpolation, padding) pair; compiled on first use, cached on disk.
+def forward_kernel(interpolation: int, padding: int, align_corners: bool):
+    """The forward kernel of one mode triple.
 
-    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes,
-    align_corners)`` fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid``
-    (N, Do, Ho, Wo, 3); ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo), strides in
-    elements in the logical order of each shape. Every element of ``y`` is written. Each
-    sum runs over the taps in PyTorch's order, in float64, and is rounded once into ``y``.
+    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts)``
+    fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho,
+    Wo, 3); ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo), strides in elements in the
+    logical order of each shape, ``parts`` the number of row ranges run in parallel. Every
+    element of ``y`` is written; each sum runs over the taps in PyTorch's order in float64
+    and is rounded once into ``y``.
     """
     nearest = interpolation == NEAREST
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, align_corners):
+    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts):
         out_depth, out_height, out_width = out_sizes
+        rows = batch * out_depth * out_height
         spatial = (x_strides[2], x_strides[3], x_strides[4])
-        # Contiguous channels: each tap updates all channels in one vectorised loop.
-        vector_channels = x_strides[1] == 1 and channels >= VECTOR_CHANNELS
-        for row in prange(batch * out_depth * out_height):
-            n = row // (out_depth * out_height)
-            d = (row // out_height) % out_depth
-            h = row % out_height
-            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
-            first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
-            base = n * x_strides[0]
-            # One loop per channel arrangement: a single path per loop keeps each one fast.
-            if nearest:
-                for w in range(out_width):
-                    ix, iy, iz, _, _, _ = point_index(grid, first_point + w * grid_strides[3], grid_strides[4], sizes,
-                                                      padding, align_corners, True)
-                    inside, offset, _ = nearest_tap(ix, iy, iz, sizes, spatial, 0, sizes[0])
-                    out = first_out + w * y_strides[4]
+        channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
+        for part in prange(parts):
+            ix, iy, iz = np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK)
+            mx, my, mz = np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK)
+            sides = np.empty(6 * BLOCK)
+            weights = np.empty(8 * BLOCK)
+            offsets = np.empty(8 * BLOCK, np.int64)
+            corner = np.empty(BLOCK, np.int64)
+            inside = np.empty(BLOCK, np.int64)
+            totals = np.empty(channels)
+            for row in range(part * rows // parts, (part + 1) * rows // parts):
+                n = row // (out_depth * out_height)
+                d = (row // out_height) % out_depth
+                h = row % out_height
+                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+                first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
+                x_batch = n * x_strides[0]
+                for start in range(0, out_width, BLOCK):
+                    count = min(BLOCK, out_width - start)
+                    block_coordinates(grid, first_point + start * grid_strides[3], grid_strides[3], grid_strides[4],
+                                      count, sizes, padding, align_corners, True, ix, iy, iz, mx, my, mz)
+                    out = first_out + start * y_strides[4]
+                    if nearest:
+                        nearest_cells(count, ix, iy, iz, sizes, spatial, corner, inside)
+                        for c in range(channels):
+                            source = x_batch + c * x_strides[1]
+                            target = out + c * y_strides[1]
+                            for i in range(count):
+                                value = x[source + corner[i]]
+                                y[target + i * y_strides[4]] = value if inside[i] else 0
+                        continue
+                    trilinear_cells(count, ix, iy, iz, sizes, spatial, sides, corner, inside)
+                    masked_offsets(count, corner, inside, spatial, offsets)
+                    for i in range(count):
+                        for tap in range(8):
+                            weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                    if channel_inner:
+                        for i in range(count):
+                            totals[:] = 0.0
+                            for tap in range(8):
+                                if (inside[i] >> tap) & 1:
+                                    weight = weights[tap * BLOCK + i]
+                                    source = x_batch + offsets[tap * BLOCK + i]
+                                    for c in range(channels):
+                                        totals[c] += x[source + c] * weight
+                            target = out + i * y_strides[4]
+                            for c in range(channels):
+                                y[target + c] = totals[c]
+                        continue
                     for c in range(channels):
-                        y[out + c * y_strides[1]] = x[base + c * x_strides[1] + offset] if inside else 0
-            elif channels == 1:
-                for w in range(out_width):
-                    ix, iy, iz, _, _, _ = point_index(grid, first_point + w * grid_strides[3], grid_strides[4], sizes,
-                                                      padding, align_corners, True)
-                    y[first_out + w * y_strides[4]] = trilinear_sum(x, base, spatial, sizes, ix, iy, iz)
-            elif vector_channels:
-                totals = np.empty(channels)
-                for w in range(out_width):
-                    ix, iy, iz, _, _, _ = point_index(grid, first_point + w * grid_strides[3], grid_strides[4], sizes,
-                                                      padding, align_corners, True)
-                    for c in range(channels):
-                        totals[c] = 0.0
-                    trilinear_accumulate(totals, x, base, spatial, sizes, ix, iy, iz, channels)
-                    out = first_out + w * y_strides[4]
-                    for c in range(channels):
-                        y[out + c * y_strides[1]] = totals[c]
-            else:
-                for w in range(out_width):
-                    ix, iy, iz, _, _, _ = point_index(grid, first_point + w * grid_strides[3], grid_strides[4], sizes,
-                                                      padding, align_corners, True)
-                    out = first_out + w * y_strides[4]
-                    for c in range(channels):
-                        y[out + c * y_strides[1]] = trilinear_sum(x, base + c * x_strides[1], spatial, sizes, ix, iy,
-                                                                  iz)
+                        source = x_batch + c * x_strides[1]
+                        target = out + c * y_strides[1]
+                        for i in range(count):
+                            total = 0.0
+                            for tap in range(8):
+                                term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
+                                total += term if (inside[i] >> tap) & 1 else 0.0
+                            y[target + i * y_strides[4]] = total
 
     return kernel

@@ -1,0 +1,124 @@
+"""How the backward splits its work: which dx planes each thread owns, and which rows touch them.
+
+``dx`` receives contributions from many points. Instead of atomics or per-thread copies
+of dx, its (n, z) planes are split into one slab per thread, balanced by the number of
+points whose taps land in each plane; each thread walks the rows in order, skips those
+whose taps miss its slab, and adds only the taps that fall in its slab. Every voxel
+therefore sums its contributions in point order, as PyTorch's sequential loop does:
+results are deterministic, independent of the thread count, and for float64 bitwise
+equal to PyTorch's. The grid gradient of a point is computed by the thread that owns its
+lowest tap plane (one pass), or, for grids whose rows wander across many planes, in a
+second pass split by rows.
+
+Extra memory: two int64 per output row and one per (n, z) plane.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .block import lowest_depths
+from .coords import NEAREST, source_index
+from .tuning import BLOCK
+
+# A row spanning at most this many tap planes counts as coherent (a smooth grid).
+_COHERENT_SPAN = 2
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, row_step,
+                 row_first, row_last):
+    """row_first[r], row_last[r]: the least and greatest lowest-tap depth of row r's points (every ``row_step``-th row).
+
+    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``/``row_last``
+    have one int64 entry per row; rows not visited are left as they are.
+    """
+    out_depth, out_height, out_width = out_sizes
+    rows = batch * out_depth * out_height
+    nearest = interpolation == NEAREST
+    visited = (rows + row_step - 1) // row_step
+    chunks = min(visited, 64)
+    for chunk in prange(chunks):
+        iz = np.empty(BLOCK)
+        lowest = np.empty(BLOCK, np.int64)
+        for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
+            row = visit * row_step
+            n = row // (out_depth * out_height)
+            d = (row // out_height) % out_depth
+            h = row % out_height
+            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + 2 * grid_strides[4]
+            least, most = np.int64(2**62), -np.int64(2**62)
+            for start in range(0, out_width, BLOCK):
+                count = min(BLOCK, out_width - start)
+                for i in range(count):
+                    coord = float(grid[first_point + (start + i) * grid_strides[3]])
+                    iz[i], _, _ = source_index(coord, sizes[0], padding, align_corners, False)
+                lowest_depths(count, iz, nearest, lowest)
+                for i in range(count):
+                    least = min(least, lowest[i])
+                    most = max(most, lowest[i])
+            row_first[row] = least
+            row_last[row] = most
+
+
+@njit(cache=True, error_model="numpy")
+def is_coherent(row_first, row_last, row_step):
+    """Whether (sampled) rows mostly stay within a few tap planes: a smooth grid, not a random one.
+
+    Decides only whether dx and dgrid share one pass (faster for smooth grids) or take
+    one each (faster for random grids, whose gathers and scatters thrash the cache).
+    """
+    near = total = 0
+    for row in range(0, row_first.size, row_step):
+        total += 1
+        near += row_last[row] - row_first[row] <= _COHERENT_SPAN
+    return near >= 0.9 * total
+
+
+@njit(cache=True, error_model="numpy")
+def plan_slabs(row_first, row_last, batch, depth, plane_voxels, out_width, reach, slab_count):
+    """Split the N * D planes of dx into ``slab_count`` runs of about equal work.
+
+    Returns parts (slab_count, 4) int64: [first plane, end plane, first row, end row],
+    planes numbered n * D + z, every slab walking all rows. A plane's work is the points
+    whose taps reach it plus its zeroing.
+    """
+    planes = batch * depth
+    rows = row_first.size
+    rows_per_batch = rows // batch
+    change = np.zeros(planes + 1, np.int64)
+    for row in range(rows):
+        n = row // rows_per_batch
+        low = min(max(row_first[row], 0), depth)
+        high = min(max(row_last[row] + reach, 0), depth)
+        if low < high:
+            change[n * depth + low] += out_width
+            change[n * depth + high] -= out_width
+    load = np.empty(planes, np.int64)
+    running = 0
+    for plane in range(planes):
+        running += change[plane]
+        load[plane] = running + plane_voxels // 8 + 1
+    total = load.sum()
+    parts = np.empty((slab_count, 4), np.int64)
+    parts[:, 2] = 0
+    parts[:, 3] = rows
+    done = 0
+    plane = 0
+    for slab in range(slab_count):
+        parts[slab, 0] = plane
+        target = total * (slab + 1) // slab_count
+        while plane < planes and (slab == slab_count - 1 or done + load[plane] <= target):
+            done += load[plane]
+            plane += 1
+        parts[slab, 1] = plane
+    return parts
+
+
+def row_parts(rows: int, planes: int, count: int) -> np.ndarray:
+    """Parts (count, 4) that split the rows evenly, every part seeing all planes (for the dgrid-only pass)."""
+    bounds = np.linspace(0, rows, count + 1).round().astype(np.int64)
+    parts = np.empty((count, 4), np.int64)
+    parts[:, 0], parts[:, 1] = 0, planes
+    parts[:, 2], parts[:, 3] = bounds[:-1], bounds[1:]
+    return parts
