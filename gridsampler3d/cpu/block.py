@@ -12,69 +12,128 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .coords import ROUNDER, source_index
+from .coords import REFLECTION, ROUNDER, ZEROS, source_index
 from .tuning import BLOCK
 
 helper = njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
 
 
 @helper
-def block_coordinates(grid, first, step, component, count, sizes, padding, align_corners, forward, ix, iy, iz, mx,
-                      my, mz):
-    """Indices (ix, iy, iz) and multipliers (mx, my, mz) of ``count`` points, bitwise as the scalar rule.
+def _point(grid, point, component, sizes, padding, align_corners, forward, exact):
+    """(ix, iy, iz, mx, my, mz, resolved) of the grid point whose x sits at ``point``."""
+    depth, height, width = sizes
+    ix, mx, done_x = source_index(float(grid[point]), width, padding, align_corners, forward, exact)
+    iy, my, done_y = source_index(float(grid[point + component]), height, padding, align_corners, forward, exact)
+    iz, mz, done_z = source_index(float(grid[point + 2 * component]), depth, padding, align_corners, forward, exact)
+    return ix, iy, iz, mx, my, mz, done_x & done_y & done_z
 
-    Point i's x, y, z components sit at ``first + i * step`` and ``component`` apart in
-    the flat ``grid``. Reflection's rare far coordinates (and NaN) are redone exactly.
+
+@helper
+def _cell_offset(x_low, y_low, z_low, sizes, spatial):
+    """Offset of a cell's lowest corner (its low sides clamped to [-2, size], where no tap is inside anyway).
+
+    Computed in float64, exact for any offset inside a tensor, so no slow 64-bit
+    integer multiply is needed; the clamp keeps it finite for unusable coordinates.
     """
+    depth, height, width = sizes
+    x_c = min(max(x_low, -2.0), float(width))
+    y_c = min(max(y_low, -2.0), float(height))
+    z_c = min(max(z_low, -2.0), float(depth))
+    return x_c, y_c, z_c, np.int64(z_c * spatial[0] + y_c * spatial[1] + x_c * spatial[2])
+
+
+@helper
+def _side_bits(low, size, low_taps, high_taps):
+    """Mask of the taps inside [0, size) along one axis, given the cell's low index ``low``."""
+    return np.int64((low >= 0) & (low < size)) * low_taps | np.int64((low >= -1) & (low < size - 1)) * high_taps
+
+
+@helper
+def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, spatial,
+                    other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz):
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
-        point = first + i * step
-        ix[i], mx[i], done_x = source_index(float(grid[point]), width, padding, align_corners, forward, False)
-        iy[i], my[i], done_y = source_index(float(grid[point + component]), height, padding, align_corners, forward,
-                                            False)
-        iz[i], mz[i], done_z = source_index(float(grid[point + 2 * component]), depth, padding, align_corners,
-                                            forward, False)
-        unresolved += not (done_x & done_y & done_z)
-    if unresolved:
-        for i in range(count):
-            point = first + i * step
-            ix[i], mx[i], _ = source_index(float(grid[point]), width, padding, align_corners, forward)
-            iy[i], my[i], _ = source_index(float(grid[point + component]), height, padding, align_corners, forward)
-            iz[i], mz[i], _ = source_index(float(grid[point + 2 * component]), depth, padding, align_corners, forward)
+        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(grid, first + i * step, component, sizes, padding,
+                                                          align_corners, forward, exact)
+        unresolved += not done
+        x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
+        sides[i] = x_low + 1.0 - ix
+        sides[BLOCK + i] = ix - x_low
+        sides[2 * BLOCK + i] = y_low + 1.0 - iy
+        sides[3 * BLOCK + i] = iy - y_low
+        sides[4 * BLOCK + i] = z_low + 1.0 - iz
+        sides[5 * BLOCK + i] = iz - z_low
+        x_c, y_c, z_c, corner[i] = _cell_offset(x_low, y_low, z_low, sizes, spatial)
+        other_corner[i] = np.int64(z_c * other_spatial[0] + y_c * other_spatial[1] + x_c * other_spatial[2])
+        x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
+        inside[i] = _side_bits(x0, width, 0x55, 0xAA) & _side_bits(y0, height, 0x33, 0xCC) \
+            & _side_bits(z0, depth, 0x0F, 0xF0)
+        lowest[i] = z0
+        if padding != ZEROS:  # with zeros padding the multipliers are the constant slopes
+            mx[i], my[i], mz[i] = mult_x, mult_y, mult_z
+    return unresolved
+
+
+@helper
+def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial,
+                    other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz):
+    """Each point's cell, computed bitwise as the scalar rules: side weights, corner offset, inside taps.
+
+    Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
+    apart in the flat ``grid``. Fills ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high,
+    y low, y high, z low, z high; PyTorch's weights, low = floor + 1 - index, high =
+    index - floor), ``corner[i]`` and ``other_corner[i]`` (the offset of the lowest corner
+    under ``spatial`` and ``other_spatial`` strides, meaningful where a tap is inside), ``inside[i]`` (bit k set when tap k lies
+    in the volume), ``lowest[i]`` (the cell's low depth, clamped to [-2, D]) and, unless
+    padding is zeros, the multipliers ``mx``, ``my``, ``mz``. Reflection's rare far
+    coordinates (and NaN) make the block run again with the exact remainder.
+    """
+    unresolved = _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
+                                 spatial, other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz)
+    if padding == REFLECTION and unresolved:
+        _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, spatial,
+                        other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz)
+
+
+@helper
+def _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, spatial,
+                  corner, inside, lowest):
+    depth, height, width = sizes
+    unresolved = 0
+    for i in range(count):
+        ix, iy, iz, _, _, _, done = _point(grid, first + i * step, component, sizes, padding, align_corners, forward,
+                                           exact)
+        unresolved += not done
+        # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
+        x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,
+                                             (iz + ROUNDER) - ROUNDER, sizes, spatial)
+        x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
+        within = (x0 >= 0) & (x0 < width) & (y0 >= 0) & (y0 < height) & (z0 >= 0) & (z0 < depth)
+        inside[i] = np.int64(within)
+        corner[i] = offset if within else 0
+        lowest[i] = z0
+    return unresolved
+
+
+@helper
+def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial, corner,
+                  inside, lowest):
+    """Each point's nearest voxel: ``corner[i]`` its offset (0 when outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
+
+    Arguments as :func:`trilinear_cells`.
+    """
+    unresolved = _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
+                               spatial, corner, inside, lowest)
+    if padding == REFLECTION and unresolved:
+        _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, spatial,
+                      corner, inside, lowest)
 
 
 @helper
 def tap_delta(tap, spatial):
     """Offset of tap ``tap`` from its cell's lowest corner, for (D, H, W) strides ``spatial``."""
     return (tap >> 2) * spatial[0] + ((tap >> 1) & 1) * spatial[1] + (tap & 1) * spatial[2]
-
-
-@helper
-def trilinear_cells(count, ix, iy, iz, sizes, spatial, sides, corner, inside):
-    """Each point's cell: side weights, lowest-corner offset and in-volume taps.
-
-    Fills ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
-    PyTorch's weights, low = floor + 1 - index, high = index - floor), ``corner[i]`` (the
-    offset of the lowest corner under ``spatial`` strides; only meaningful with its
-    taps' bits) and ``inside[i]`` (bit k set when tap k lies in the volume).
-    """
-    depth, height, width = sizes
-    for i in range(count):
-        x_low, y_low, z_low = np.floor(ix[i]), np.floor(iy[i]), np.floor(iz[i])
-        sides[i] = x_low + 1.0 - ix[i]
-        sides[BLOCK + i] = ix[i] - x_low
-        sides[2 * BLOCK + i] = y_low + 1.0 - iy[i]
-        sides[3 * BLOCK + i] = iy[i] - y_low
-        sides[4 * BLOCK + i] = z_low + 1.0 - iz[i]
-        sides[5 * BLOCK + i] = iz[i] - z_low
-        x0, y0, z0 = np.int64(x_low), np.int64(y_low), np.int64(z_low)
-        corner[i] = z0 * spatial[0] + y0 * spatial[1] + x0 * spatial[2]
-        bits = 0
-        for tap in range(8):
-            cx, cy, cz = x0 + (tap & 1), y0 + ((tap >> 1) & 1), z0 + (tap >> 2)
-            bits |= np.int64((cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)) << tap
-        inside[i] = bits
 
 
 @helper
@@ -98,21 +157,9 @@ def masked_offsets(count, corner, inside, spatial, offsets):
 
 
 @helper
-def nearest_cells(count, ix, iy, iz, sizes, spatial, offset, inside):
-    """The nearest voxel (ties to even, as C nearbyint) of each point: offset (0 when outside) and 0/1 inside."""
-    depth, height, width = sizes
+def slab_taps(count, inside, lowest, z_lo, z_hi, taps):
+    """taps[i]: the inside taps of point i whose depth lies in [z_lo, z_hi) (a thread's slab)."""
     for i in range(count):
-        cx = np.int64((ix[i] + ROUNDER) - ROUNDER)
-        cy = np.int64((iy[i] + ROUNDER) - ROUNDER)
-        cz = np.int64((iz[i] + ROUNDER) - ROUNDER)
-        within = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
-        inside[i] = np.int64(within)
-        at = cz * spatial[0] + cy * spatial[1] + cx * spatial[2]
-        offset[i] = at if within else 0
-
-
-@helper
-def lowest_depths(count, iz, nearest, depth_of):
-    """depth_of[i]: the lowest depth a point's taps touch (rint for nearest, floor otherwise)."""
-    for i in range(count):
-        depth_of[i] = np.int64((iz[i] + ROUNDER) - ROUNDER) if nearest else np.int64(np.floor(iz[i]))
+        low_in = np.int64((lowest[i] >= z_lo) & (lowest[i] < z_hi))
+        high_in = np.int64((lowest[i] + 1 >= z_lo) & (lowest[i] + 1 < z_hi))
+        taps[i] = inside[i] & (low_in * 0x0F | high_in * 0xF0)

@@ -118,7 +118,7 @@ class NumbaBackend:
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
             want_dgrid = False
-        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners))
+        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), dtype == torch.float64)
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                     dgrid_flat)
@@ -129,18 +129,18 @@ class NumbaBackend:
                 kernel(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
                        False)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+        row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         codes = (int(interpolation), int(padding), bool(align_corners))
         # One thread owns every plane and skips no row: sampled rows suffice to judge the grid.
         row_step = 1 if threads > 1 else max(1, rows // _SAMPLED_ROWS)
-        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last)
+        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last, row_jumps)
         reach = 1 if interpolation == Interpolation.NEAREST else 2
         if threads > 1:
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                threads)
         else:
             slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
-        fused = want_dgrid and is_coherent(row_first, row_last, row_step)
+        fused = want_dgrid and is_coherent(row_jumps, out_sizes[2], row_step)
         if want_dgrid and not fused:
             kernel(*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
                    False)

@@ -17,21 +17,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .block import lowest_depths
-from .coords import NEAREST, source_index
+from .coords import NEAREST, ROUNDER, source_index
 from .tuning import BLOCK
-
-# A row spanning at most this many tap planes counts as coherent (a smooth grid).
-_COHERENT_SPAN = 2
-
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, row_step,
-                 row_first, row_last):
-    """row_first[r], row_last[r]: the least and greatest lowest-tap depth of row r's points (every ``row_step``-th row).
+                 row_first, row_last, row_jumps):
+    """Per row r (every ``row_step``-th): the least and greatest lowest-tap depth of its points, and its jumps.
 
-    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``/``row_last``
-    have one int64 entry per row; rows not visited are left as they are.
+    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
+    and ``row_jumps`` (the number of neighbouring points whose lowest depths differ by
+    more than one) have one int64 entry per row; rows not visited are left as they are.
     """
     out_depth, out_height, out_width = out_sizes
     rows = batch * out_depth * out_height
@@ -39,7 +35,6 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
     visited = (rows + row_step - 1) // row_step
     chunks = min(visited, 64)
     for chunk in prange(chunks):
-        iz = np.empty(BLOCK)
         lowest = np.empty(BLOCK, np.int64)
         for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
             row = visit * row_step
@@ -48,31 +43,50 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
             h = row % out_height
             first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + 2 * grid_strides[4]
             least, most = np.int64(2**62), -np.int64(2**62)
+            jumps = 0
             for start in range(0, out_width, BLOCK):
                 count = min(BLOCK, out_width - start)
-                for i in range(count):
-                    coord = float(grid[first_point + (start + i) * grid_strides[3]])
-                    iz[i], _, _ = source_index(coord, sizes[0], padding, align_corners, False)
-                lowest_depths(count, iz, nearest, lowest)
+                if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
+                                  nearest, padding, align_corners, False, lowest):
+                    _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
+                                   nearest, padding, align_corners, True, lowest)
                 for i in range(count):
                     least = min(least, lowest[i])
                     most = max(most, lowest[i])
+                for i in range(1, count):
+                    jumps += abs(lowest[i] - lowest[i - 1]) > 1
             row_first[row] = least
             row_last[row] = most
+            row_jumps[row] = jumps
+
+
+@njit(cache=True, error_model="numpy", forceinline=True)
+def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, lowest):
+    """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
+
+    Returns how many points need the exact reflection remainder (see coords.reflect_with_grad).
+    """
+    unresolved = 0
+    for i in range(count):
+        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact)
+        unresolved += not done
+        low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
+        lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
+    return unresolved
 
 
 @njit(cache=True, error_model="numpy")
-def is_coherent(row_first, row_last, row_step):
-    """Whether (sampled) rows mostly stay within a few tap planes: a smooth grid, not a random one.
+def is_coherent(row_jumps, out_width, row_step):
+    """Whether neighbouring points mostly share their depth (in the sampled rows): a smooth grid, not a random one.
 
     Decides only whether dx and dgrid share one pass (faster for smooth grids) or take
     one each (faster for random grids, whose gathers and scatters thrash the cache).
     """
-    near = total = 0
-    for row in range(0, row_first.size, row_step):
-        total += 1
-        near += row_last[row] - row_first[row] <= _COHERENT_SPAN
-    return near >= 0.9 * total
+    jumps = pairs = 0
+    for row in range(0, row_jumps.size, row_step):
+        jumps += row_jumps[row]
+        pairs += out_width - 1
+    return jumps <= 0.1 * pairs
 
 
 @njit(cache=True, error_model="numpy")
