@@ -251,12 +251,7 @@ def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_stride
                      taps):
     """Phase B of nearest: dx[voxel] += grad for every point whose voxel lies in the slab, points in order."""
     if channel_inner:
-        for i in range(count):
-            if taps[i]:
-                target = dx_batch + dx_corner[i]
-                source = grad_at + i * grad_strides[4]
-                for c in range(channels):
-                    dx[target + c] += grad[source + c]
+        _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_strides[4], channels, dx_corner, taps)
         return
     for c in range(channels):
         target = dx_batch + c * dx_strides[1]
@@ -266,22 +261,25 @@ def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_stride
                 dx[target + dx_corner[i]] += grad[source + i * grad_strides[4]]
 
 
+# The channels-last paths are called, not inlined: inlined beside the channel-outer loops
+# they made LLVM compile those loops markedly slower.
+@njit(cache=True, error_model="numpy", nogil=True)
+def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_step, channels, dx_corner, taps):
+    for i in range(count):
+        if taps[i]:
+            target = dx_batch + dx_corner[i]
+            source = grad_at + i * grad_step
+            for c in range(channels):
+                dx[target + c] += grad[source + c]
+
+
 @njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
 def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, channel_inner,
              weights, dx_corner, in_slab):
     """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``in_slab``, points in order."""
     if channel_inner:
-        for i in range(count):
-            bits = in_slab[i]
-            if bits == 0:
-                continue
-            source = grad_at + i * grad_strides[4]
-            for tap in range(8):
-                if (bits >> tap) & 1:
-                    weight = weights[tap * BLOCK + i]
-                    target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
-                    for c in range(channels):
-                        dx[target + c] += weight * grad[source + c]
+        _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_strides[4], channels, weights,
+                                dx_corner, in_slab)
         return
     for c in range(channels):
         plane = dx_batch + c * dx_strides[1]
@@ -299,3 +297,20 @@ def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_st
                 for tap in range(8):
                     if (bits >> tap) & 1:
                         dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_step, channels, weights, dx_corner,
+                            in_slab):
+    """Channels-last phase B: each tap adds weight * grad to the tap's contiguous channel vector."""
+    for i in range(count):
+        bits = in_slab[i]
+        if bits == 0:
+            continue
+        source = grad_at + i * grad_step
+        for tap in range(8):
+            if (bits >> tap) & 1:
+                weight = weights[tap * BLOCK + i]
+                target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
+                for c in range(channels):
+                    dx[target + c] += weight * grad[source + c]

@@ -5,10 +5,8 @@ points as SIMD lanes; then every channel gathers its taps across the same lanes.
 last data with enough channels instead runs the channel vector innermost. Operands are
 flat 1-D arrays with element strides (any layout is read in place); offsets are int64.
 
-Each mode triple (interpolation, padding, align_corners) gets its own small parallel
-kernel around one generic row loop that LLVM inlines with the modes as constants: the
-per-point code carries no branch on them, while Numba types and lowers the row loop only
-once for all modes. Kernels are compiled on first use and cached on disk.
+Kernels are built per (interpolation, padding, align_corners), so the per-point code
+carries no branch on the modes; each is compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -33,10 +31,14 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
     element of ``y`` is written; each sum runs over the taps in PyTorch's order in float64
     and is rounded once into ``y``.
     """
+    nearest = interpolation == NEAREST
 
     @njit(parallel=True, cache=True, error_model="numpy")
     def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts):
         rows = batch * out_sizes[0] * out_sizes[1]
+        out_depth, out_height, out_width = out_sizes
+        spatial = (x_strides[2], x_strides[3], x_strides[4])
+        channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
         # One statement per scratch array inside the parallel body (see backward_kernel).
         for part in prange(parts):
             sides = np.empty(6 * BLOCK)
@@ -48,69 +50,64 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
             inside = np.empty(BLOCK, np.int64)
             lowest = np.empty(BLOCK, np.int64)
             totals = np.empty(channels)
-            forward_rows(x, x_strides, grid, grid_strides, y, y_strides, channels, sizes, out_sizes,
-                         part * rows // parts, (part + 1) * rows // parts, interpolation, padding, align_corners,
-                         sides, weights, multipliers, offsets, corner, unused, inside, lowest, totals)
+            for row in range(part * rows // parts, (part + 1) * rows // parts):
+                n = row // (out_depth * out_height)
+                d = (row // out_height) % out_depth
+                h = row % out_height
+                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+                first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
+                x_batch = n * x_strides[0]
+                for start in range(0, out_width, BLOCK):
+                    count = min(BLOCK, out_width - start)
+                    first = first_point + start * grid_strides[3]
+                    out = first_out + start * y_strides[4]
+                    if nearest:
+                        nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners,
+                                      True, spatial, corner, inside, lowest)
+                        for c in range(channels):
+                            source = x_batch + c * x_strides[1]
+                            target = out + c * y_strides[1]
+                            for i in range(count):
+                                value = x[source + corner[i]]
+                                y[target + i * y_strides[4]] = value if inside[i] else 0
+                        continue
+                    trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners, True,
+                                    spatial, spatial, sides, corner, unused, inside, lowest, multipliers, multipliers,
+                                    multipliers)
+                    masked_offsets(count, corner, inside, spatial, offsets)
+                    for i in range(count):
+                        for tap in range(8):
+                            weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                    if channel_inner:
+                        _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
+                                        totals)
+                        continue
+                    for c in range(channels):
+                        source = x_batch + c * x_strides[1]
+                        target = out + c * y_strides[1]
+                        for i in range(count):
+                            total = 0.0
+                            for tap in range(8):
+                                term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
+                                total += term if (inside[i] >> tap) & 1 else 0.0
+                            y[target + i * y_strides[4]] = total
 
     return kernel
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
-def forward_rows(x, x_strides, grid, grid_strides, y, y_strides, channels, sizes, out_sizes, row_lo, row_hi,
-                 interpolation, padding, align_corners, sides, weights, multipliers, offsets, corner, unused, inside,
-                 lowest, totals):
-    """Fill the output rows row_lo .. row_hi - 1 (row = n * Do * Ho + d * Ho + h) of ``y``, using the scratch given."""
-    out_depth, out_height, out_width = out_sizes
-    spatial = (x_strides[2], x_strides[3], x_strides[4])
-    nearest = interpolation == NEAREST
-    channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
-    for row in range(row_lo, row_hi):
-        n = row // (out_depth * out_height)
-        d = (row // out_height) % out_depth
-        h = row % out_height
-        first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
-        first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
-        x_batch = n * x_strides[0]
-        for start in range(0, out_width, BLOCK):
-            count = min(BLOCK, out_width - start)
-            first = first_point + start * grid_strides[3]
-            out = first_out + start * y_strides[4]
-            if nearest:
-                nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners,
-                              True, spatial, corner, inside, lowest)
+# Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer
+# loop beside it twice as slow.
+@njit(cache=True, error_model="numpy", nogil=True)
+def _channels_inner(count, x, x_batch, y, out, y_step, channels, weights, offsets, inside, totals):
+    """Channels-last forward of one block: per point, the taps' channel vectors summed in tap order."""
+    for i in range(count):
+        totals[:] = 0.0
+        for tap in range(8):
+            if (inside[i] >> tap) & 1:
+                weight = weights[tap * BLOCK + i]
+                source = x_batch + offsets[tap * BLOCK + i]
                 for c in range(channels):
-                    source = x_batch + c * x_strides[1]
-                    target = out + c * y_strides[1]
-                    for i in range(count):
-                        value = x[source + corner[i]]
-                        y[target + i * y_strides[4]] = value if inside[i] else 0
-                continue
-            trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners, True,
-                            spatial, spatial, sides, corner, unused, inside, lowest, multipliers, multipliers,
-                            multipliers)
-            masked_offsets(count, corner, inside, spatial, offsets)
-            for i in range(count):
-                for tap in range(8):
-                    weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
-            if channel_inner:
-                for i in range(count):
-                    totals[:] = 0.0
-                    for tap in range(8):
-                        if (inside[i] >> tap) & 1:
-                            weight = weights[tap * BLOCK + i]
-                            source = x_batch + offsets[tap * BLOCK + i]
-                            for c in range(channels):
-                                totals[c] += x[source + c] * weight
-                    target = out + i * y_strides[4]
-                    for c in range(channels):
-                        y[target + c] = totals[c]
-                continue
-            for c in range(channels):
-                source = x_batch + c * x_strides[1]
-                target = out + c * y_strides[1]
-                for i in range(count):
-                    total = 0.0
-                    for tap in range(8):
-                        term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
-                        total += term if (inside[i] >> tap) & 1 else 0.0
-                    y[target + i * y_strides[4]] = total
+                    totals[c] += x[source + c] * weight
+        target = out + i * y_step
+        for c in range(channels):
+            y[target + c] = totals[c]
