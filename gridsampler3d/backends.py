@@ -13,16 +13,10 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from .layout import memory_format_of
 from .modes import Interpolation, Padding
 
-__all__ = ["BACKENDS", "available_backends", "select_backend", "memory_format_of", "ReferenceBackend"]
-
-
-def memory_format_of(tensor: torch.Tensor) -> torch.memory_format:
-    """channels_last_3d when ``tensor`` (N, C, D, H, W) is stored channels-last, else contiguous."""
-    if not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
+__all__ = ["BACKENDS", "available_backends", "select_backend", "ReferenceBackend"]
 
 
 def _to_float64_numpy(tensor: torch.Tensor):
