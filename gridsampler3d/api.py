@@ -34,7 +34,8 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
         input: (N, C, Di, Hi, Wi), or (N, Di, Hi, Wi, C) with ``data_format="NDHWC"``;
             a torch tensor (any device) or a NumPy array; float16/bfloat16/float32/float64.
         grid: (N, Do, Ho, Wo, 3), same dtype and device; normalised (x, y, z) in [-1, 1].
-        interpolation_mode: "bilinear"/0 or "nearest"/1.
+        interpolation_mode: "bilinear"/0 (trilinear, 8 taps), "nearest"/1 or "bicubic"/2
+            (tricubic, 64 taps).
         padding_mode: "zeros"/0, "border"/1 or "reflection"/2.
         align_corners: whether -1 and 1 are the centres (True) or the outer edges (False)
             of the corner voxels.

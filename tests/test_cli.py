@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+import gridsampler3d as gs
 from gridsampler3d import precision
-from gridsampler3d.cli import main
+from gridsampler3d.cli import build_parser, main
 from helpers import make_case
 
 
@@ -49,3 +50,13 @@ def test_run_errors_are_one_line(tmp_path, arguments, message):
     assert message in result.stderr and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.strip().splitlines() if not line.startswith("computing")]
     assert len(errors) == 1
+
+
+def test_help_names_every_mode_and_points_to_a_real_command():
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    helps = {action.dest: action.help for action in run._actions}
+    for mode in gs.Interpolation:
+        assert f"{mode.name.lower()} ({int(mode)}" in helps["interpolation_mode"]
+        assert f'"{mode.name.lower()}"/{int(mode)}' in gs.grid_sampler3d.__doc__
+    assert "`gridsampler3d backends`" in helps["backend"]
+    assert build_parser().parse_args(["backends"]).command == "backends"
