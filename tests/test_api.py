@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gridsampler3d as gs
-from helpers import MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
+from helpers import (MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id,
+                     poisoned_allocations)
 
 SHAPES = {  # N, C, (Di, Hi, Wi), (Do, Ho, Wo)
     "all-ones": (1, 1, (1, 1, 1), (1, 1, 1)),
@@ -63,12 +64,18 @@ def test_nonfinite_and_huge_values_follow_golden(attributes, dtype, cpu_backend)
 def test_empty_inputs_give_zero_outputs(sizes, data_format, cpu_backend):
     batch, channels, in_size, out_size = sizes
     grad, x, grid = make_case(batch, channels, in_size, out_size, torch.float32, data_format)
-    dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend=cpu_backend)
-    assert dx.shape == x.shape and dgrid.shape == grid.shape
-    assert not dx.any() and not dgrid.any()
-    y = gs.grid_sampler3d(x, grid, data_format=data_format, backend=cpu_backend)
+    with poisoned_allocations():  # an output left as allocated holds NaN here, not zeros
+        dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend=cpu_backend)
+        y = gs.grid_sampler3d(x, grid, data_format=data_format, backend=cpu_backend)
+    for name, output, like in (("dx", dx, x), ("dgrid", dgrid, grid)):
+        assert output.shape == like.shape and output.dtype == like.dtype, name
+        assert torch.equal(output, torch.zeros_like(like)), name  # every element 0, none NaN
     expected = (batch, channels, *out_size) if data_format == "NCDHW" else (batch, *out_size, channels)
-    assert tuple(y.shape) == expected
+    assert tuple(y.shape) == expected and y.dtype == x.dtype
+    # An empty batch, output grid or channel axis leaves y itself without elements (an x with a
+    # zero D, H or W is refused): equality with zeros of that shape is the whole check. The
+    # zeros that can go wrong are dx's for an empty output grid, checked above.
+    assert torch.equal(y, torch.zeros(expected))
 
 
 @pytest.mark.parametrize("output_mask", [(False, True), (True, False), (False, False)], ids=str)
