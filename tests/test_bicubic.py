@@ -47,10 +47,13 @@ def test_constant_depth_reproduces_pytorch_2d_bicubic(attributes, cpu_backend):
     expected.backward(grad2d)
 
     y = gs.grid_sampler3d(volume, grid, "bicubic", padding, align_corners, backend=cpu_backend)
+    # Not bitwise: the 3-D sums also weight four equal z taps, whose cubic weights add up to 1
+    # only up to float64 rounding; values are of order 1, so 1e-12 is ample and still strict.
     torch.testing.assert_close(y[:, :, 0], expected.detach(), rtol=1e-12, atol=1e-12)
     dx, dgrid = gs.grid_sampler3d_backward(grad2d.unsqueeze(2), volume, grid, "bicubic", padding, align_corners,
                                            backend=cpu_backend, deterministic=True)
-    # The volume's gradient, summed along D, is the image's; the grid's x and y parts are the 2-D grid's.
+    # The volume's gradient, summed along D, is the image's; the grid's x and y parts are the 2-D grid's
+    # (to float64 rounding, as for y).
     torch.testing.assert_close(dx.sum(2), image.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(dgrid[:, 0, ..., :2], grid2d.grad, rtol=1e-12, atol=1e-12)
     # Nothing changes along D: the z component is zero up to rounding.
