@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --upgrade pip
 	# torch first, pinned, so that nothing below pulls a different (much larger) build
 	$(PY) -m pip install "$(TORCH_SPEC)"
-	$(PY) -m pip install -e ".[$(EXTRAS)]"
+	# ... and kept: an extra that would want another torch (monai) resolves to a release that fits
+	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 run: venv

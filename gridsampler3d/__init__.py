@@ -4,6 +4,7 @@
     dx, dgrid = grid_sampler3d_backward(grad, input, grid, ...)
     y = grid_sample(input, grid, mode, padding_mode, align_corners)   # differentiable
 """
+from . import requirements  # noqa: F401 - first: refuses a torch older than the custom ops need
 from .api import grid_sampler3d, grid_sampler3d_backward
 from .backends import available_backends
 from .modes import DataFormat, Interpolation, Padding

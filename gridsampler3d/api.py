@@ -11,23 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .backends import memory_format_of, select_backend
-from .modes import (DataFormat, parse_align_corners, parse_data_format, parse_interpolation,
-                    parse_output_mask, parse_padding)
+from .backends import select_backend
+from .layout import from_ncdhw, memory_format_of, to_ncdhw
+from .modes import parse_align_corners, parse_data_format, parse_interpolation, parse_output_mask, parse_padding
 from .validate import check_backward, check_deterministic, check_forward
 
 __all__ = ["grid_sampler3d", "grid_sampler3d_backward"]
-
-
-def _to_ncdhw(tensor: torch.Tensor, data_format: DataFormat) -> torch.Tensor:
-    """A zero-copy logical NCDHW view of a tensor in ``data_format``."""
-    return tensor.permute(0, 4, 1, 2, 3) if data_format == DataFormat.NDHWC else tensor
-
-
-def _from_ncdhw(tensor: torch.Tensor, data_format: DataFormat) -> torch.Tensor:
-    if data_format == DataFormat.NDHWC:
-        return tensor.permute(0, 2, 3, 4, 1).contiguous()
-    return tensor
 
 
 def _like_caller(tensor, reference_operand):
@@ -45,7 +34,8 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
         input: (N, C, Di, Hi, Wi), or (N, Di, Hi, Wi, C) with ``data_format="NDHWC"``;
             a torch tensor (any device) or a NumPy array; float16/bfloat16/float32/float64.
         grid: (N, Do, Ho, Wo, 3), same dtype and device; normalised (x, y, z) in [-1, 1].
-        interpolation_mode: "bilinear"/0 or "nearest"/1.
+        interpolation_mode: "bilinear"/0 (trilinear, 8 taps), "nearest"/1 or "bicubic"/2
+            (tricubic, 64 taps).
         padding_mode: "zeros"/0, "border"/1 or "reflection"/2.
         align_corners: whether -1 and 1 are the centres (True) or the outer edges (False)
             of the corner voxels.
@@ -62,7 +52,7 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
     data_format = parse_data_format(data_format)
     caller_input = input
     input, grid = check_forward(input, grid, data_format)
-    x = _to_ncdhw(input, data_format)
+    x = to_ncdhw(input, data_format)
     engine = select_backend(backend, x.device)
     batch, channels = x.shape[:2]
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
@@ -70,7 +60,7 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
         y = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
     else:
         y = engine.forward(x, grid, interpolation, padding, align_corners)
-    return _like_caller(_from_ncdhw(y, data_format), caller_input)
+    return _like_caller(from_ncdhw(y, data_format), caller_input)
 
 
 def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", padding_mode="zeros",
@@ -103,7 +93,7 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     deterministic = check_deterministic(deterministic)
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    grad, x = _to_ncdhw(grad, data_format), _to_ncdhw(input, data_format)
+    grad, x = to_ncdhw(grad, data_format), to_ncdhw(input, data_format)
     engine = select_backend(backend, x.device)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -117,5 +107,5 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
         dx, dgrid = engine.backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
                                     deterministic)
     if dx is not None:
-        dx = _like_caller(_from_ncdhw(dx, data_format), caller_input)
+        dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
     return dx, _like_caller(dgrid, caller_grid)

@@ -10,19 +10,20 @@ and returns tensors in logical NCDHW order, laid out like its ``x``:
 """
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
+
 import torch
 
 from . import reference
+from .layout import memory_format_of
 from .modes import Interpolation, Padding
 
-__all__ = ["BACKENDS", "available_backends", "select_backend", "memory_format_of", "ReferenceBackend"]
+__all__ = ["BACKENDS", "available_backends", "select_backend", "describe_backends", "auto_choices",
+           "library_versions", "ReferenceBackend"]
 
-
-def memory_format_of(tensor: torch.Tensor) -> torch.memory_format:
-    """channels_last_3d when ``tensor`` (N, C, D, H, W) is stored channels-last, else contiguous."""
-    if not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
+# The device types a backend is asked about when it describes itself.
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 def _to_float64_numpy(tensor: torch.Tensor):
@@ -59,16 +60,16 @@ class ReferenceBackend:
 
 
 class _Missing:
-    """Stands in for a backend whose module cannot be imported here."""
+    """Stands in for a backend whose module cannot be imported here; ``device_types``: what it would run on."""
 
-    def __init__(self, name: str, error: ImportError):
-        self.name, self._reason = name, f"cannot be imported: {error}"
+    def __init__(self, name: str, error: ImportError, device_types: tuple[str, ...]):
+        self.name, self._reason, self._device_types = name, f"cannot be imported: {error}", device_types
 
     def unavailable_reason(self) -> str | None:
         return self._reason
 
     def supports(self, device: torch.device) -> bool:
-        return False
+        return device.type in self._device_types
 
 
 def _registry():
@@ -77,7 +78,7 @@ def _registry():
 
         numba = NumbaBackend()
     except ImportError as error:
-        numba = _Missing("numba", error)
+        numba = _Missing("numba", error, ("cpu",))
     from .gpu import TritonBackend  # imports Triton only when a kernel first runs
 
     return {"numba": numba, "triton": TritonBackend(), "reference": ReferenceBackend()}
@@ -88,16 +89,52 @@ BACKENDS = _registry()
 _AUTO_ORDER = {"cpu": ("numba", "reference"), "cuda": ("triton", "reference")}
 
 
+# What makes each engine available, named when "auto" has to pass it over.
+_REMEDIES = {"numba": "pip install numba",
+             "triton": "pip install 'gridsampler3d[gpu]' (Triton) next to a CUDA build of PyTorch"}
+_warned_fallbacks: set[str] = set()
+
+
+def _auto_backend(device: torch.device):
+    """The backend "auto" picks for ``device``, and (name, reason) of each preferred one passed over."""
+    passed_over = []
+    for candidate in _AUTO_ORDER.get(device.type, ("reference",)):
+        backend = BACKENDS[candidate]
+        reason = backend.unavailable_reason()
+        if reason is None and backend.supports(device):
+            return backend, passed_over
+        passed_over.append((candidate, reason or f"does not run on {device.type} tensors"))
+    return BACKENDS["reference"], passed_over
+
+
+def _warn_slow_fallback(device: torch.device, passed_over) -> None:
+    """Warn once per device type that "auto" runs it on the NumPy reference (host copies, float64)."""
+    if device.type in _warned_fallbacks:
+        return
+    _warned_fallbacks.add(device.type)
+    if passed_over:
+        why = "; ".join(f"{name}: {reason}" for name, reason in passed_over)
+        remedy = "; ".join(f"for {name}: {_REMEDIES[name]}" for name, _ in passed_over if name in _REMEDIES)
+    else:
+        why, remedy = f"no engine runs {device.type} tensors", "compute on CPU or CUDA tensors"
+    warnings.warn(f"gridsampler3d: backend='auto' runs {device.type} tensors on the NumPy reference, which copies "
+                  f"them to the host and back and is far slower ({why}). Remedy: {remedy}. Pass "
+                  f"backend='reference' to choose it knowingly. (Warned once.)", UserWarning, stacklevel=3)
+
+
 def select_backend(name: str, device: torch.device):
-    """The backend object for ``name`` ("auto" or a registered name) on ``device``."""
+    """The backend object for ``name`` ("auto" or a registered name) on ``device``.
+
+    "auto" takes the first engine of the device type's preference order that runs here; when
+    none does and only the (slow) reference is left, it warns once per device type, naming the remedy.
+    """
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str; got {type(name).__name__} {name!r}")
     if name == "auto":
-        for candidate in _AUTO_ORDER.get(device.type, ("reference",)):
-            backend = BACKENDS[candidate]
-            if backend.unavailable_reason() is None and backend.supports(device):
-                return backend
-        return BACKENDS["reference"]
+        backend, passed_over = _auto_backend(device)
+        if backend is BACKENDS["reference"]:
+            _warn_slow_fallback(device, passed_over)
+        return backend
     if name not in BACKENDS:
         known = ", ".join(repr(key) for key in ("auto", *BACKENDS))
         raise ValueError(f"backend must be one of {known}; got {name!r}")
@@ -113,3 +150,29 @@ def select_backend(name: str, device: torch.device):
 def available_backends() -> list[str]:
     """Names of the backends that can run here (``"auto"`` picks among them)."""
     return [name for name, backend in BACKENDS.items() if backend.unavailable_reason() is None]
+
+
+def describe_backends() -> list[dict]:
+    """One entry per backend: ``name``, ``available``, ``reason`` (why not, or None) and the
+    ``device_types`` (of :data:`DEVICE_TYPES`) whose tensors it runs."""
+    return [{"name": name, "available": backend.unavailable_reason() is None, "reason": backend.unavailable_reason(),
+             "device_types": [kind for kind in DEVICE_TYPES if backend.supports(torch.device(kind))]}
+            for name, backend in BACKENDS.items()]
+
+
+def auto_choices() -> dict[str, str | None]:
+    """The backend "auto" picks here for each device type of :data:`DEVICE_TYPES` (without warning);
+    None for a type that has no device here (CUDA without a GPU)."""
+    present = {"cpu": True, "cuda": torch.cuda.is_available()}
+    return {kind: _auto_backend(torch.device(kind))[0].name if present[kind] else None for kind in DEVICE_TYPES}
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of torch, numba and triton ("not installed" where absent); nothing is imported."""
+    versions = {}
+    for package in ("torch", "numba", "triton"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions

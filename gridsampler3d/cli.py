@@ -4,6 +4,7 @@
     gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
     gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
     gridsampler3d bench [--cases ...] [--threads N] [--json FILE] [--plot FILE]
+    gridsampler3d backends
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class CliError(Exception):
 
 def _add_attributes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interpolation-mode", default="bilinear",
-                        help="bilinear (0) or nearest (1); default bilinear")
+                        help="bilinear (0), nearest (1) or bicubic (2, tricubic); default bilinear")
     parser.add_argument("--padding-mode", default="zeros", help="zeros (0), border (1) or reflection (2)")
     parser.add_argument("--align-corners", action="store_true", help="treat -1/1 as corner voxel centres")
     parser.add_argument("--data-format", default="NCDHW", help="NCDHW or NDHWC for grad, input and dx")
@@ -165,6 +166,21 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backends(args: argparse.Namespace) -> int:
+    from . import backends
+
+    rows = backends.describe_backends()
+    width = max(len(row["name"]) for row in rows)
+    print(f"{'backend':<{width}}  {'runs here':<9}  {'device types':<12}  why not")
+    for row in rows:
+        print(f"{row['name']:<{width}}  {'yes' if row['available'] else 'no':<9}  "
+              f"{', '.join(row['device_types']) or '-':<12}  {row['reason'] or ''}".rstrip())
+    print("auto picks: " + ", ".join(f"{kind} tensors -> {name or f'none (no {kind} device here)'}"
+                                     for kind, name in backends.auto_choices().items()))
+    print("versions: " + ", ".join(f"{package} {version}" for package, version in backends.library_versions().items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gridsampler3d", description="3-D grid sampling and its backward.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     bench.set_defaults(handler=_bench)
+
+    listing = commands.add_parser("backends", help="list the backends: whether each runs here (and why not), its "
+                                                   "device types, and the torch, numba and triton versions")
+    listing.set_defaults(handler=_backends)
     return parser
 
 

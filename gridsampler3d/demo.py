@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from . import cases
 from .torch_ops import Warp3d
@@ -87,29 +88,6 @@ def normalised_cross_correlation(volume: torch.Tensor, reference: torch.Tensor) 
     a = volume.double().flatten() - volume.double().mean()
     b = reference.double().flatten() - reference.double().mean()
     return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-300))
-
-
-class _ProgressBar:
-    """A one-line progress bar with the current loss, redrawn in place on stderr."""
-
-    def __init__(self, total: int, enabled: bool, width: int = 30):
-        self.total, self.enabled, self.width = total, enabled, width
-        self.start = time.perf_counter()
-        self.every = max(total // 100, 1)
-
-    def update(self, step: int, loss: float) -> None:
-        if not self.enabled or (step % self.every and step != self.total):
-            return
-        filled = self.width * step // self.total
-        elapsed = time.perf_counter() - self.start
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {step}/{self.total} "
-                         f"loss {loss:.3e}  {elapsed:5.1f} s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def _pyplot():
@@ -214,9 +192,8 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
     lattice = torch.zeros(1, 3, lattice_size, lattice_size, lattice_size, device=device, requires_grad=True)
     optimiser = torch.optim.Adam([lattice], lr=LEARNING_RATE)
     losses, mses = [], []
-    bar = _ProgressBar(steps, progress)
-    try:
-        for step in range(1, steps + 1):
+    with tqdm(total=steps, desc="registering", unit="step", file=sys.stderr, disable=not progress) as bar:
+        for _ in range(steps):
             optimiser.zero_grad(set_to_none=True)
             displacement = _upsample(lattice, size)
             mse = F.mse_loss(warp(moving, displacement), fixed)
@@ -225,9 +202,8 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
             optimiser.step()
             losses.append(float(loss.detach()))
             mses.append(float(mse.detach()))
-            bar.update(step, losses[-1])
-    finally:
-        bar.close()
+            bar.set_postfix(loss=f"{losses[-1]:.3e}", refresh=False)
+            bar.update()
 
     with torch.no_grad():
         displacement = _upsample(lattice, size)

@@ -68,16 +68,6 @@ def unpatch_torch() -> None:
         _library = None
         torch.nn.functional.grid_sample = _torch_grid_sample
         _torch_grid_sample = None
-_torch_grid_sample = None
-
-
-def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
-    """``F.grid_sample`` that also takes 5-D bicubic (tricubic) input."""
-    if mode == "bicubic" and input.dim() == 5:
-        from .torch_ops import grid_sample
-
-        return grid_sample(input, grid, mode, padding_mode, bool(align_corners))
-    return _torch_grid_sample(input, grid, mode, padding_mode, align_corners)
 
 
 def is_patched() -> bool:

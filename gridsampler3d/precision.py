@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from . import composite, reference
-from .modes import DataFormat, Interpolation, parse_data_format, parse_interpolation, parse_padding
+from .layout import from_ncdhw, to_ncdhw
+from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
            "golden_backward", "competitor_forward", "competitor_backward"]
@@ -103,14 +104,12 @@ def _aten_codes(interpolation_mode, padding_mode):
 
 
 def _ncdhw(tensor, data_format) -> torch.Tensor:
-    tensor = torch.as_tensor(tensor).detach().cpu()
-    return tensor.permute(0, 4, 1, 2, 3) if parse_data_format(data_format) == DataFormat.NDHWC else tensor
+    """A CPU tensor's logical NCDHW view of an operand (tensor or array) given in ``data_format``."""
+    return to_ncdhw(torch.as_tensor(tensor).detach().cpu(), parse_data_format(data_format))
 
 
 def _back(tensor, data_format):
-    if tensor is None or parse_data_format(data_format) == DataFormat.NCDHW:
-        return tensor
-    return tensor.permute(0, 2, 3, 4, 1)
+    return None if tensor is None else from_ncdhw(tensor, parse_data_format(data_format))
 
 
 def _is_bicubic(interpolation_mode) -> bool:

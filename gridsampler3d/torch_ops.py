@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import api, composite
-from .backends import memory_format_of
+from .layout import from_ncdhw, memory_format_of, to_ncdhw
 from .modes import DataFormat, parse_align_corners, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["grid_sample", "Warp3d"]
@@ -119,15 +119,15 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     align_corners = parse_align_corners(align_corners)
     if input.dim() == 4 and data_format == DataFormat.NCDHW:
         return F.grid_sample(input, grid, interpolation.name.lower(), padding.name.lower(), align_corners)
-    if data_format == DataFormat.NDHWC and input.dim() == 5:
-        input = input.permute(0, 4, 1, 2, 3)
+    if input.dim() == 5:  # anything else reaches the op's own shape check, which names it
+        input = to_ncdhw(input, data_format)
     device_type = input.device.type
     if torch.is_autocast_enabled(device_type):
         with torch.autocast(device_type, enabled=False):
             output = grid_sampler3d_op(input.float(), grid.float(), int(interpolation), int(padding), align_corners)
     else:
         output = grid_sampler3d_op(input, grid, int(interpolation), int(padding), align_corners)
-    return output.permute(0, 2, 3, 4, 1) if data_format == DataFormat.NDHWC else output
+    return from_ncdhw(output, data_format)
 
 
 class Warp3d(torch.nn.Module):

@@ -1,6 +1,7 @@
 """Shared test helpers: case builders and the one comparison against the golden."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import torch
@@ -66,3 +67,26 @@ def assert_forward_matches(x, grid, mode="bilinear", padding="zeros", align_corn
     report = precision.compare(f"{label} y", y, golden, competitor, dtype)
     assert report.passed, str(report)
     return y
+
+
+@contextlib.contextmanager
+def poisoned_allocations(fill=float("nan")):
+    """Inside the block, ``torch.empty`` and ``torch.empty_like`` return floating tensors filled with ``fill``.
+
+    An output element that a kernel never writes then shows up (as NaN by default) instead of
+    passing by luck with whatever the allocator left there. Yields the list of shapes allocated,
+    so that a test can check that the outputs did go through these functions.
+    """
+    empty, empty_like = torch.empty, torch.empty_like
+    shapes = []
+
+    def poison(tensor):
+        shapes.append(tuple(tensor.shape))
+        return tensor.fill_(fill) if tensor.is_floating_point() else tensor
+
+    torch.empty = lambda *args, **kwargs: poison(empty(*args, **kwargs))
+    torch.empty_like = lambda *args, **kwargs: poison(empty_like(*args, **kwargs))
+    try:
+        yield shapes
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like

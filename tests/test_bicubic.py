@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import gridsampler3d as gs
 from gridsampler3d import precision
-from helpers import DTYPE_IDS, DTYPES, assert_backward_matches, assert_forward_matches, make_case
+from helpers import (DTYPE_IDS, DTYPES, assert_backward_matches, assert_forward_matches, make_case,
+                     poisoned_allocations)
 
 PADDINGS = ("zeros", "border", "reflection")
 ATTRIBUTES = [(padding, align) for padding in PADDINGS for align in (False, True)]
@@ -46,10 +47,13 @@ def test_constant_depth_reproduces_pytorch_2d_bicubic(attributes, cpu_backend):
     expected.backward(grad2d)
 
     y = gs.grid_sampler3d(volume, grid, "bicubic", padding, align_corners, backend=cpu_backend)
+    # Not bitwise: the 3-D sums also weight four equal z taps, whose cubic weights add up to 1
+    # only up to float64 rounding; values are of order 1, so 1e-12 is ample and still strict.
     torch.testing.assert_close(y[:, :, 0], expected.detach(), rtol=1e-12, atol=1e-12)
     dx, dgrid = gs.grid_sampler3d_backward(grad2d.unsqueeze(2), volume, grid, "bicubic", padding, align_corners,
                                            backend=cpu_backend, deterministic=True)
-    # The volume's gradient, summed along D, is the image's; the grid's x and y parts are the 2-D grid's.
+    # The volume's gradient, summed along D, is the image's; the grid's x and y parts are the 2-D grid's
+    # (to float64 rounding, as for y).
     torch.testing.assert_close(dx.sum(2), image.grad, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(dgrid[:, 0, ..., :2], grid2d.grad, rtol=1e-12, atol=1e-12)
     # Nothing changes along D: the z component is zero up to rounding.
@@ -113,6 +117,41 @@ def test_numba_is_the_reference_bit_for_bit(align_corners):
         assert all(torch.equal(a, b) for a, b in zip(ours, expected)), padding
         assert torch.equal(gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="numba"),
                            gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="reference"))
+
+
+@pytest.mark.parametrize("output_mask", [(True, True), (True, False), (False, True)], ids=str)
+@pytest.mark.parametrize("dtype, data_format", [(torch.float64, "NCDHW"), (torch.float64, "NDHWC"),
+                                                (torch.float32, "NDHWC"), (torch.bfloat16, "NCDHW")],
+                         ids=["f64-NCDHW", "f64-NDHWC", "f32-NDHWC", "bf16-NCDHW"])
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_numba_writes_every_output_element(padding, dtype, data_format, output_mask):
+    """Outputs allocated NaN-filled (the inputs are finite): y, dx and dgrid must come out equal to
+    the reference, so every element was written, and dx was zeroed before the taps were added."""
+    grad, x, grid = make_case(2, 3, (5, 4, 6), (3, 4, 5), dtype, data_format, seed=8, low=-1.4, high=1.4)
+    attributes = ("bicubic", padding, False)
+    with poisoned_allocations() as allocations:
+        y = gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="numba")
+        dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, *attributes, output_mask=output_mask,
+                                               data_format=data_format, backend="numba")
+    assert len(allocations) >= 1 + sum(output_mask), "the engine's outputs no longer go through torch.empty"
+    if dtype == torch.float64:  # the reference bit for bit
+        expected = (gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="reference"),
+                    *gs.grid_sampler3d_backward(grad, x, grid, *attributes, output_mask=output_mask,
+                                                data_format=data_format, backend="reference"))
+        for name, ours, theirs in zip(("y", "dx", "dgrid"), (y, dx, dgrid), expected):
+            assert (ours is None and theirs is None) or torch.equal(ours, theirs), name
+        return
+    goldens = (precision.golden_forward(x, grid, *attributes, data_format),
+               *precision.golden_backward(grad, x, grid, *attributes, output_mask, data_format))
+    competitors = (precision.competitor_forward(x, grid, *attributes, data_format),
+                   *precision.competitor_backward(grad, x, grid, *attributes, output_mask, data_format))
+    for name, ours, golden, competitor in zip(("y", "dx", "dgrid"), (y, dx, dgrid), goldens, competitors):
+        if golden is None:
+            assert ours is None, name
+            continue
+        assert not ours.isnan().any(), f"{name}: {int(ours.isnan().sum())} elements never written"
+        report = precision.compare(name, ours, golden, competitor, dtype)
+        assert report.passed, str(report)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=DTYPE_IDS.get)

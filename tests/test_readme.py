@@ -59,3 +59,39 @@ def test_command_lines_parse(command):
 def test_builtin_run_example_executes(tmp_path):
     assert cli.main(["run", "--size", "16", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "dx.npy").exists() and (tmp_path / "dgrid.npy").exists()
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _layout_entries() -> dict[str, str]:
+    """The README's "Layout of the code" block: entry name -> its description, continuation lines joined."""
+    block = README.split("## Layout of the code", 1)[1].split("```", 2)[1]
+    entries, name = {}, None
+    for line in block.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            name, _, text = line.strip().partition(" ")
+            entries[name] = text
+        elif line.startswith("   ") and name is not None:
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def test_readme_layout_names_every_module():
+    entries = _layout_entries()
+    for module in sorted(PACKAGE.glob("*.py")):
+        if module.name != "__init__.py":
+            assert module.name in entries, f"README's layout omits gridsampler3d/{module.name}"
+    for engine in ("cpu", "gpu"):
+        for module in sorted((PACKAGE / engine).glob("*.py")):
+            if module.name != "__init__.py":
+                assert module.stem in entries[f"{engine}/"], f"README's layout omits {engine}/{module.name}"
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu"])
+def test_engine_notes_name_every_module(engine):
+    notes = (DOCS / f"{engine}.md").read_text()
+    for module in sorted((PACKAGE / engine).glob("*.py")):
+        if module.name != "__init__.py":
+            assert f"`{module.name}`" in notes, f"docs/{engine}.md omits {module.name}"

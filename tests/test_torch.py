@@ -86,7 +86,9 @@ def test_autocast_computes_in_float32_like_torch():
         ours = gs.grid_sample(x.bfloat16(), grid, align_corners=False)
         theirs = F.grid_sample(x.bfloat16(), grid, align_corners=False)
     assert ours.dtype == theirs.dtype == torch.float32
-    # Not bitwise: in float32 ours sums in float64 and rounds once, PyTorch sums in float32.
+    # Not bitwise: the two float32 results may round their sums in different orders. Values are
+    # of order 1 (unit normal x, weights summing to at most 1), where float32's spacing is
+    # 1.2e-7; 1e-6 allows the few units in the last place that PyTorch's float32 sum can be off.
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
@@ -99,6 +101,8 @@ def test_ndhwc_equals_ncdhw():
 def test_warp3d_identity_and_shift():
     volume = torch.randn(2, 3, 6, 5, 7, dtype=torch.float64)
     warp = gs.Warp3d()
+    # Not exact: a voxel index normalised to [-1, 1] and unnormalised back is off by rounding,
+    # which moves a weight of about 1e-16 onto a neighbour; values are of order 1.
     assert torch.allclose(warp(volume, torch.zeros(2, 3, 6, 5, 7, dtype=torch.float64)), volume, atol=1e-12)
     shift = torch.zeros(2, 3, 6, 5, 7, dtype=torch.float64)
     shift[:, 2] = 1.0  # one voxel along x: output[..., i] = volume[..., i + 1]
@@ -154,5 +158,8 @@ def test_double_backward_matches_torch(padding):
         grad_x, grad_grid = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
         return torch.autograd.grad(grad_grid.square().sum() + (grad_x * grad_x).sum(), (x, grid))
 
+    # Not bitwise: our second derivatives come from the torch composite (composite.py), whose
+    # operations group the products differently from PyTorch's C++ double backward; float64
+    # rounding of those sums stays far below 1e-10 at these sizes.
     for ours, theirs in zip(second_order(gs.grid_sample), second_order(F.grid_sample)):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)

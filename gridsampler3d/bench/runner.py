@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -130,8 +129,9 @@ def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale:
 
 
 def _geomean(values) -> float:
+    """The geometric mean of the ratios; NaN for none (a run of bicubic cases only)."""
     values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+    return statistics.geometric_mean(values) if values else float("nan")
 
 
 def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print) -> dict:

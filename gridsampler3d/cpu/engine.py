@@ -13,7 +13,7 @@ import numba
 import numpy as np
 import torch
 
-from ..backends import memory_format_of
+from ..layout import memory_format_of
 from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from ..backends import memory_format_of
+from ..layout import memory_format_of
 from ..modes import Interpolation, Padding
 
 __all__ = ["TritonBackend", "interpreter_enabled"]
