@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from . import pool
 from ..backends import memory_format_of
 from ..modes import Interpolation, Padding
-from . import pool
 from .backward import grid_sampler3d_bwd_kernel, is_coherent, lowest_depth_kernel, plan_slabs
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
