@@ -33,20 +33,19 @@ _DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
 _THREAD_SAFE_LAYERS = ("tbb", "omp")
 
 
-def _load_tbb() -> bool:
+def _load_tbb() -> None:
     """Load the ``tbb`` wheel's library process-wide, so that Numba's TBB layer finds it."""
     try:
         files = importlib.metadata.files("tbb") or []
     except importlib.metadata.PackageNotFoundError:
-        return False
+        return
     for file in files:
         if file.name == _TBB_LIBRARY:
             try:
                 ctypes.CDLL(str(file.locate()), mode=ctypes.RTLD_GLOBAL)
             except OSError:
-                return False
-            return True
-    return False
+                pass  # Numba then falls back to another layer
+            return
 
 
 def _user_chose_layer() -> bool:
@@ -55,8 +54,7 @@ def _user_chose_layer() -> bool:
             or list(numba.config.THREADING_LAYER_PRIORITY) != _DEFAULT_PRIORITY)
 
 
-def _choose_layer() -> None:
-    _load_tbb()
+def _prefer_fork_safe_layer() -> None:
     if not _user_chose_layer():
         # Numba's own name for "TBB, else a layer that survives fork" (on Linux, the
         # workqueue; elsewhere OpenMP comes before it, being fork-safe there).
@@ -97,6 +95,10 @@ def threads() -> int:
 
     Numba's count is per Python thread, so it is set at every call.
     """
+    if layer() is None:
+        # Numba re-reads its configuration from the environment when a NUMBA_ variable
+        # changed before a compile, which would undo the choice made at import.
+        _prefer_fork_safe_layer()
     wanted = torch.get_num_threads()
     count = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(count)
@@ -107,6 +109,7 @@ def threads() -> int:
     return count
 
 
-_choose_layer()
+_load_tbb()
+_prefer_fork_safe_layer()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_lock_in_child)
