@@ -7,9 +7,6 @@ once; float32 computes in float64 and stores in float32; float64 is exact throug
 """
 from __future__ import annotations
 
-import functools
-
-import numba
 import numpy as np
 import torch
 
@@ -18,6 +15,7 @@ from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
+from . import pool
 from .plan import depth_ranges, is_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
@@ -39,24 +37,9 @@ def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.double()
 
 
-@functools.cache
-def _start_thread_pool() -> None:
-    """Start Numba's thread pool once, keeping torch's thread count.
-
-    Both use OpenMP here, and the pool's start resets OpenMP's thread count to Numba's
-    maximum, which would silently change torch's own setting.
-    """
-    wanted = torch.get_num_threads()
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    torch.set_num_threads(wanted)
-
-
 def _threads() -> int:
     """Follow torch's thread setting, within what Numba was started with."""
-    _start_thread_pool()
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(threads)
-    return threads
+    return pool.threads()
 
 
 class NumbaBackend:
@@ -70,6 +53,7 @@ class NumbaBackend:
     def supports(self, device: torch.device) -> bool:
         return device.type == "cpu"
 
+    @pool.exclusive
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
         dtype, layout = x.dtype, memory_format_of(x)
         x, grid = _kernel_dtype(x), _kernel_dtype(grid)
@@ -88,6 +72,7 @@ class NumbaBackend:
             kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
         return y.to(dtype=dtype, memory_format=layout)
 
+    @pool.exclusive
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
         # Always deterministic (sums in a fixed order), so ``deterministic`` changes nothing here.

@@ -1,0 +1,115 @@
+"""Numba's thread pool for the CPU engine: a layer that survives fork and serves many threads.
+
+Numba picks its threading layer once per process, at the first parallel launch by anyone,
+and each layer has a catch:
+
+- ``omp`` on Linux is GNU libgomp, which is not fork-safe: a process forked after the
+  parent launched a kernel (a DataLoader worker, say) is killed at its first launch;
+- ``workqueue`` survives fork but aborts the process when two Python threads launch
+  kernels at once;
+- ``tbb`` is safe for both, but the ``tbb`` wheel installs ``libtbb.so.12`` in the
+  environment's ``lib/``, where Numba's TBB extension does not look.
+
+So, at import, before any launch, this module loads the wheel's TBB library and, unless
+the user chose a layer, asks Numba for a fork-safe one: TBB, or else the workqueue, whose
+launches :func:`exclusive` then takes one at a time. docs/cpu.md has the measurements.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import os
+import sys
+import threading
+
+import numba
+import torch
+
+__all__ = ["exclusive", "layer", "threads"]
+
+_TBB_LIBRARY = {"win32": "tbb12.dll", "darwin": "libtbb.12.dylib"}.get(sys.platform, "libtbb.so.12")
+_DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
+_THREAD_SAFE_LAYERS = ("tbb", "omp")
+
+
+def _load_tbb() -> None:
+    """Load the ``tbb`` wheel's library process-wide, so that Numba's TBB layer finds it."""
+    try:
+        files = importlib.metadata.files("tbb") or []
+    except importlib.metadata.PackageNotFoundError:
+        return
+    for file in files:
+        if file.name == _TBB_LIBRARY:
+            try:
+                ctypes.CDLL(str(file.locate()), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass  # Numba then falls back to another layer
+            return
+
+
+def _user_chose_layer() -> bool:
+    return ("NUMBA_THREADING_LAYER" in os.environ or "NUMBA_THREADING_LAYER_PRIORITY" in os.environ
+            or str(numba.config.THREADING_LAYER).lower() != "default"
+            or list(numba.config.THREADING_LAYER_PRIORITY) != _DEFAULT_PRIORITY)
+
+
+def _prefer_fork_safe_layer() -> None:
+    if not _user_chose_layer():
+        # Numba's own name for "TBB, else a layer that survives fork" (on Linux, the
+        # workqueue; elsewhere OpenMP comes before it, being fork-safe there).
+        numba.config.THREADING_LAYER = "forksafe"
+
+
+def layer() -> str | None:
+    """The threading layer Numba runs on, or None before its first parallel launch."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None
+
+
+# Serialises launches on a layer that is not thread-safe (and before the layer is known).
+_launch_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    # A fork taken while another thread held the lock would leave it held forever here.
+    global _launch_lock
+    _launch_lock = threading.Lock()
+
+
+def exclusive(method):
+    """Run ``method`` (one that launches kernels) alone when the layer cannot take concurrent launches."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        if layer() in _THREAD_SAFE_LAYERS:
+            return method(*args, **kwargs)
+        with _launch_lock:
+            return method(*args, **kwargs)
+    return run
+
+
+def threads() -> int:
+    """Set the calling thread's kernel thread count from torch's setting, within Numba's maximum.
+
+    Numba's count is per Python thread, so it is set at every call.
+    """
+    if layer() is None:
+        # Numba re-reads its configuration from the environment when a NUMBA_ variable
+        # changed before a compile, which would undo the choice made at import.
+        _prefer_fork_safe_layer()
+    wanted = torch.get_num_threads()
+    count = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(count)
+    if torch.get_num_threads() != wanted:
+        # Numba's OpenMP layer (where the user chose it) resets OpenMP's thread count,
+        # torch's included, when its pool starts.
+        torch.set_num_threads(wanted)
+    return count
+
+
+_load_tbb()
+_prefer_fork_safe_layer()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
