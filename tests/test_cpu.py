@@ -179,7 +179,9 @@ def test_hot_loops_stay_vectorised(padding):
     codes = (0, int(gs.Padding[padding.upper()]), False)
     for kernel in (forward_kernel(*codes), backward_kernel(*codes, False)):
         packed, gathers = _packed_double_ops(kernel)
-        assert packed >= 50 and gathers >= 2, (kernel.py_func.__qualname__, packed, gathers)
+        # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
+        # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
+        assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)
 
 
 @pytest.mark.slow
