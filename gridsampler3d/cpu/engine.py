@@ -103,7 +103,11 @@ class NumbaBackend:
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
             want_dgrid = False
-        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), dtype == torch.float64)
+        # The separable grid gradient (float32 and half) places NaN and infinity as PyTorch
+        # does only for a finite grad (0 * inf where no tap is inside, inf - inf where terms
+        # of both signs meet); PyTorch's own terms serve float64 and any non-finite grad.
+        exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad).all()))
+        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), exact)
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                     dgrid_flat)
