@@ -20,6 +20,22 @@ from numba import njit, prange
 from .coords import NEAREST, ROUNDER, source_index
 from .tuning import BLOCK
 
+
+@njit(cache=True, error_model="numpy", forceinline=True)
+def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, lowest):
+    """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
+
+    Returns how many points need the exact reflection remainder (see coords.reflect_with_grad).
+    """
+    unresolved = 0
+    for i in range(count):
+        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact)
+        unresolved += not done
+        low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
+        lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
+    return unresolved
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, row_step,
                  row_first, row_last, row_jumps):
@@ -60,72 +76,41 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
             row_jumps[row] = jumps
 
 
-@njit(cache=True, error_model="numpy", forceinline=True)
-def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, lowest):
-    """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
-
-    Returns how many points need the exact reflection remainder (see coords.reflect_with_grad).
-    """
-    unresolved = 0
-    for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact)
-        unresolved += not done
-        low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
-        lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
-    return unresolved
-
-
-@njit(cache=True, error_model="numpy")
-def is_coherent(row_jumps, out_width, row_step):
+def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:
     """Whether neighbouring points mostly share their depth (in the sampled rows): a smooth grid, not a random one.
 
     Decides only whether dx and dgrid share one pass (faster for smooth grids) or take
     one each (faster for random grids, whose gathers and scatters thrash the cache).
     """
-    jumps = pairs = 0
-    for row in range(0, row_jumps.size, row_step):
-        jumps += row_jumps[row]
-        pairs += out_width - 1
-    return jumps <= 0.1 * pairs
+    sampled = row_jumps[::row_step]
+    return int(sampled.sum()) <= 0.1 * sampled.size * (out_width - 1)
 
 
-@njit(cache=True, error_model="numpy")
-def plan_slabs(row_first, row_last, batch, depth, plane_voxels, out_width, reach, slab_count):
+def plan_slabs(row_first: np.ndarray, row_last: np.ndarray, batch: int, depth: int, plane_voxels: int, out_width: int,
+               reach: int, slab_count: int) -> np.ndarray:
     """Split the N * D planes of dx into ``slab_count`` runs of about equal work.
 
     Returns parts (slab_count, 4) int64: [first plane, end plane, first row, end row],
     planes numbered n * D + z, every slab walking all rows. A plane's work is the points
-    whose taps reach it plus its zeroing.
+    whose taps reach it (``out_width`` per row whose depth range covers it) plus its
+    zeroing. NumPy, not a kernel: it is cheap, and costs no compile time.
     """
-    planes = batch * depth
     rows = row_first.size
-    rows_per_batch = rows // batch
-    change = np.zeros(planes + 1, np.int64)
-    for row in range(rows):
-        n = row // rows_per_batch
-        low = min(max(row_first[row], 0), depth)
-        high = min(max(row_last[row] + reach, 0), depth)
-        if low < high:
-            change[n * depth + low] += out_width
-            change[n * depth + high] -= out_width
-    load = np.empty(planes, np.int64)
-    running = 0
-    for plane in range(planes):
-        running += change[plane]
-        load[plane] = running + plane_voxels // 8 + 1
-    total = load.sum()
+    batch_of_row = np.arange(rows) // (rows // batch)
+    low = np.clip(row_first, 0, depth) + batch_of_row * depth
+    high = np.clip(row_last + reach, 0, depth) + batch_of_row * depth
+    change = np.zeros(batch * depth + 1, np.int64)
+    covered = low < high
+    np.add.at(change, low[covered], out_width)
+    np.add.at(change, high[covered], -out_width)
+    load = np.cumsum(change[:-1]) + plane_voxels // 8 + 1
+    # slab s ends where the running load first passes s / slab_count of the total
+    targets = load.sum() * np.arange(1, slab_count) // slab_count
+    ends = np.searchsorted(np.cumsum(load), targets, side="right")
+    bounds = np.concatenate(([0], ends, [batch * depth]))
     parts = np.empty((slab_count, 4), np.int64)
-    parts[:, 2] = 0
-    parts[:, 3] = rows
-    done = 0
-    plane = 0
-    for slab in range(slab_count):
-        parts[slab, 0] = plane
-        target = total * (slab + 1) // slab_count
-        while plane < planes and (slab == slab_count - 1 or done + load[plane] <= target):
-            done += load[plane]
-            plane += 1
-        parts[slab, 1] = plane
+    parts[:, 0], parts[:, 1] = bounds[:-1], bounds[1:]
+    parts[:, 2], parts[:, 3] = 0, rows
     return parts
 
 
