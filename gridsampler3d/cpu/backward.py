@@ -132,7 +132,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         continue
                     trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
                                     align_corners, False, x_spatial, dx_spatial, sides, corner, dx_corner, inside,
-                                    lowest, mx, my, mz)
+                                    lowest, True, mx, my, mz)
                     if own:
                         masked_offsets(count, corner, inside, x_spatial, offsets)
                         if exact:

@@ -50,7 +50,7 @@ def _side_bits(low, size, low_taps, high_taps):
 
 @helper
 def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, spatial,
-                    other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz):
+                    other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
@@ -70,30 +70,36 @@ def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_c
         inside[i] = _side_bits(x0, width, 0x55, 0xAA) & _side_bits(y0, height, 0x33, 0xCC) \
             & _side_bits(z0, depth, 0x0F, 0xF0)
         lowest[i] = z0
-        if padding != ZEROS:  # with zeros padding the multipliers are the constant slopes
+        if multipliers and padding != ZEROS:  # with zeros padding they are the constant slopes
             mx[i], my[i], mz[i] = mult_x, mult_y, mult_z
     return unresolved
 
 
 @helper
 def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial,
-                    other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz):
-    """Each point's cell, computed bitwise as the scalar rules: side weights, corner offset, inside taps.
+                    other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
+    """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
-    apart in the flat ``grid``. Fills ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high,
-    y low, y high, z low, z high; PyTorch's weights, low = floor + 1 - index, high =
-    index - floor), ``corner[i]`` and ``other_corner[i]`` (the offset of the lowest corner
-    under ``spatial`` and ``other_spatial`` strides, meaningful where a tap is inside), ``inside[i]`` (bit k set when tap k lies
-    in the volume), ``lowest[i]`` (the cell's low depth, clamped to [-2, D]) and, unless
-    padding is zeros, the multipliers ``mx``, ``my``, ``mz``. Reflection's rare far
-    coordinates (and NaN) make the block run again with the exact remainder.
+    apart in the flat ``grid``. Fills:
+
+    - ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
+      PyTorch's weights, low = floor + 1 - index, high = index - floor);
+    - ``corner[i]`` and ``other_corner[i]``: the offset of the lowest corner under
+      ``spatial`` and ``other_spatial`` strides (meaningful where a tap is inside);
+    - ``inside[i]``: bit k set when tap k lies in the volume;
+    - ``lowest[i]``: the cell's low depth, clamped to [-2, D];
+    - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
+
+    Reflection's rare far coordinates (and NaN) make the block run again with the exact
+    remainder.
     """
     unresolved = _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
-                                 spatial, other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz)
+                                 spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers,
+                                 mx, my, mz)
     if padding == REFLECTION and unresolved:
         _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, spatial,
-                        other_spatial, sides, corner, other_corner, inside, lowest, mx, my, mz)
+                        other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz)
 
 
 @helper
@@ -119,7 +125,7 @@ def _nearest_pass(grid, first, step, component, count, sizes, padding, align_cor
 @helper
 def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial, corner,
                   inside, lowest):
-    """Each point's nearest voxel: ``corner[i]`` its offset (0 when outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
+    """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
 
     Arguments as :func:`trilinear_cells`.
     """

@@ -43,7 +43,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
         for part in prange(parts):
             sides = np.empty(6 * BLOCK)
             weights = np.empty(8 * BLOCK)
-            multipliers = np.empty(BLOCK)
+            no_multipliers = np.empty(0)  # the forward needs none
             offsets = np.empty(8 * BLOCK, np.int64)
             corner = np.empty(BLOCK, np.int64)
             unused = np.empty(BLOCK, np.int64)
@@ -62,8 +62,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
                     first = first_point + start * grid_strides[3]
                     out = first_out + start * y_strides[4]
                     if nearest:
-                        nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners,
-                                      True, spatial, corner, inside, lowest)
+                        nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                      align_corners, True, spatial, corner, inside, lowest)
                         for c in range(channels):
                             source = x_batch + c * x_strides[1]
                             target = out + c * y_strides[1]
@@ -71,9 +71,9 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
                                 value = x[source + corner[i]]
                                 y[target + i * y_strides[4]] = value if inside[i] else 0
                         continue
-                    trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding, align_corners, True,
-                                    spatial, spatial, sides, corner, unused, inside, lowest, multipliers, multipliers,
-                                    multipliers)
+                    trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                    align_corners, True, spatial, spatial, sides, corner, unused, inside, lowest,
+                                    False, no_multipliers, no_multipliers, no_multipliers)
                     masked_offsets(count, corner, inside, spatial, offsets)
                     for i in range(count):
                         for tap in range(8):
