@@ -4,6 +4,7 @@ Without a GPU the kernels run on CPU tensors through Triton's interpreter (conft
 TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
 """
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -114,14 +115,43 @@ def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
     assert reason is not None and "TRITON_INTERPRET" in reason
 
 
-def test_every_kernel_compiles_for_a_gpu():
-    """The interpreter skips the compiler; compile each kernel for sm_90 (no GPU needed) in a clean process."""
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """What tests/gpu_compile.py finds in each kernel compiled for sm_90 (no GPU needed), in a clean process.
+
+    The interpreter skips the compiler, so what only generated code shows is checked here."""
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    environment["TRITON_DEFAULT_FP_FUSION"] = "1"
+    findings = tmp_path_factory.mktemp("compiled") / "kernels.json"
     script = Path(__file__).with_name("gpu_compile.py")
-    result = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run([sys.executable, str(script), "--json", str(findings)], env=environment,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert result.stdout.count("compiled ") == 12
+    return json.loads(findings.read_text())
+
+
+def test_every_kernel_compiles_for_a_gpu(compiled):
+    from gridsampler3d.gpu import backward, bicubic, forward
+
+    kernels = {name for module in (forward, backward, bicubic) for name in vars(module) if name.endswith("_kernel")}
+    assert {record["kernel"] for record in compiled} == kernels
+
+
+def test_size_products_and_offsets_are_int64(compiled):
+    """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
+    wrapping = {f"{record['kernel']} {record['constants']}": record["int32_multiplies"] for record in compiled
+                if record["int32_multiplies"]}
+    assert not wrapping
+
+
+def test_reflection_remainder_is_an_exact_fmod(compiled):
+    """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
+    reflecting = [record for record in compiled if "PADDING=2" in record["constants"]]
+    assert reflecting
+    for record in compiled:
+        assert record["float_remainders"]["remf"] == 0, record["kernel"]
+    for record in reflecting:
+        assert record["float_remainders"]["fmod"] > 0, record["kernel"]
 
 
 @cuda

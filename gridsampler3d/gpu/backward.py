@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight
+from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight, wide
 
 
 @triton.jit
@@ -35,6 +35,8 @@ def grid_sampler3d_bwd_kernel(
     ``dx`` is zeroed by the caller and has the accumulation dtype ``ACC``; every program
     loops over all channels so that its dgrid sums are complete.
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
     grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
@@ -105,6 +107,8 @@ def bucket_keys_kernel(
     Corners run from -1 (stored as 0) so that every cell with a tap inside has a key; a
     point with none gets N*(D+1)*(H+1)*(W+1), which sorts last and belongs to no voxel.
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
     grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
@@ -136,6 +140,8 @@ def dx_gather_kernel(
     ``order`` lists point indices sorted (stably) by key; ``starts[k]`` is where key k's
     bucket begins in it (``starts[k + 1]`` where it ends).
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     voxel_mask = voxel < voxels

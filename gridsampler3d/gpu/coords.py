@@ -8,8 +8,11 @@ nothing else for coordinates.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 INT_MAX = tl.constexpr(2147483647)
 INT_MIN = tl.constexpr(-2147483648)
@@ -17,6 +20,9 @@ OUT_OF_RANGE = tl.constexpr(-100.0)
 # 1.5 * 2**52: (x + ROUNDER) - ROUNDER rounds x to the nearest integer, ties to even (C
 # nearbyint), for |x| < 2**51, which every index is after safe_range.
 ROUNDER = tl.constexpr(6755399441055744.0)
+
+# Triton's interpreter has no libdevice; its % on floats is NumPy's fmod, which is C fmod.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 # The values of modes.Interpolation / Padding, as compile-time constants.
 BILINEAR = tl.constexpr(0)
@@ -27,15 +33,28 @@ REFLECTION = tl.constexpr(2)
 
 
 @triton.jit
+def wide(value):
+    """``value`` as int64. Integer kernel arguments arrive as int32 when they fit, and a
+    product of two of them is an int32 multiply that wraps past 2**31: every size is
+    widened once, at the top of a kernel, before it enters a product or an offset."""
+    return tl.cast(value, tl.int64)
+
+
+@triton.jit
 def reflect(index, twice_low, twice_high):
     """Reflect about [twice_low / 2, twice_high / 2] (float64): (index, gradient sign)."""
-    low = twice_low / 2.0
-    span = (twice_high - twice_low) / 2.0
+    # * 0.5 is exact (and bit-identical to / 2.0) without a division.
+    low = twice_low * 0.5
+    span = (twice_high - twice_low) * 0.5
     shifted = index - low
     sign = tl.where(shifted < 0, -1.0, 1.0)
     shifted = tl.abs(shifted)
-    # shifted >= 0 and span > 0, so % (C fmod) is exact here.
-    extra = shifted % span
+    # C fmod, exact. Compiled, Triton's % on floats is x - trunc(x / y) * y, which is off
+    # by a whole span when x / y rounds up to an integer (x a few ulps below k * span).
+    if INTERPRETED:
+        extra = shifted % span
+    else:
+        extra = libdevice.fmod(shifted, span)
     flips = tl.floor(shifted / span)
     # C++ casts the flip count to int: past INT_MAX (or NaN) it is INT_MIN, which is even.
     flips = tl.where(flips <= INT_MAX, flips, 0.0)
@@ -56,11 +75,11 @@ def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
-        index = (coord + 1.0) / 2.0 * (extent - 1.0)
-        multiplier = tl.zeros_like(coord) + (extent - 1.0) / 2.0
+        index = (coord + 1.0) * 0.5 * (extent - 1.0)
+        multiplier = tl.zeros_like(coord) + (extent - 1.0) * 0.5
     else:
-        index = ((coord + 1.0) * extent - 1.0) / 2.0
-        multiplier = tl.zeros_like(coord) + extent / 2.0
+        index = ((coord + 1.0) * extent - 1.0) * 0.5
+        multiplier = tl.zeros_like(coord) + extent * 0.5
     if PADDING == REFLECTION:
         if ALIGN_CORNERS:
             index, sign = reflect(index, 0.0, 2.0 * (extent - 1.0))
@@ -87,7 +106,7 @@ def point_indices(grid_ptr, offset, step, mask, depth, height, width, PADDING: t
     """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart)."""
     gx = tl.load(grid_ptr + offset, mask=mask, other=0.0)
     gy = tl.load(grid_ptr + offset + step, mask=mask, other=0.0)
-    gz = tl.load(grid_ptr + offset + 2 * step, mask=mask, other=0.0)
+    gz = tl.load(grid_ptr + offset + 2 * wide(step), mask=mask, other=0.0)
     ix, mx = source_index(gx, width, PADDING, ALIGN_CORNERS, FORWARD)
     iy, my = source_index(gy, height, PADDING, ALIGN_CORNERS, FORWARD)
     iz, mz = source_index(gz, depth, PADDING, ALIGN_CORNERS, FORWARD)
@@ -134,8 +153,8 @@ def unnormalize(coord, size, ALIGN_CORNERS: tl.constexpr):
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
-        return (coord + 1.0) / 2.0 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) / 2.0
-    return ((coord + 1.0) * extent - 1.0) / 2.0, tl.zeros_like(coord) + extent / 2.0
+        return (coord + 1.0) * 0.5 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) * 0.5
+    return ((coord + 1.0) * extent - 1.0) * 0.5, tl.zeros_like(coord) + extent * 0.5
 
 
 # The cubic convolution constant A = -0.75 is a local in each helper: a constexpr global on

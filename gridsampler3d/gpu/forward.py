@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight
+from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight, wide
 
 
 @triton.jit
@@ -22,6 +22,8 @@ def grid_sampler3d_fwd_kernel(
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); sums in ``ACC``, taps in PyTorch's order."""
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     point_mask = point < points
