@@ -59,6 +59,24 @@ def test_deterministic_mode_is_bitwise_reproducible(dtype):
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("dtype, bits", [(torch.float16, 10), (torch.bfloat16, 7)], ids=["f16", "bf16"])
+def test_deterministic_half_dx_is_summed_in_float64_and_rounded_once(dtype, bits):
+    """Three points add 1, 2^-(bits+1) (half an ulp of 1) and 2^-24 * 2^-6 into voxel 0.
+
+    The exact sum lies just above the tie between 1 and 1 + 2^-bits, so it rounds up. A
+    float32 sum loses the last term (far below float32's ulp of 1) and lands on the tie,
+    which rounds to even: 1. So does float64 rounded to float32 first."""
+    side = 2  # align_corners: index = (g + 1) / 2
+    grid = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [1 - 2.0**-5, -1.0, -1.0]])  # the last: index 1 - 2^-6
+    grad = torch.tensor([1.0, 2.0 ** -(bits + 1), 2.0**-24])
+    grid, grad = grid.view(1, 1, 1, 3, 3).to(dtype), grad.view(1, 1, 1, 1, 3).to(dtype)
+    x = torch.zeros(1, 1, side, side, side, dtype=dtype)
+    grad, x, grid = _on(DEVICE, grad, x, grid)
+    dx, _ = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", True, backend="triton",
+                                       deterministic=True)
+    assert dx[0, 0, 0, 0, 0].item() == 1 + 2.0**-bits
+
+
 def test_dgrid_is_the_same_in_both_modes():
     grad, x, grid = _on(DEVICE, *make_case(2, 4, (5, 6, 7), (6, 5, 4), torch.float32, seed=5))
     _, fast = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=False)
@@ -152,6 +170,17 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
         assert record["float_remainders"]["remf"] == 0, record["kernel"]
     for record in reflecting:
         assert record["float_remainders"]["fmod"] > 0, record["kernel"]
+
+
+def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
+    """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
+    gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
+               and record["pointers"]["dx_ptr"] in ("fp16", "bf16")]
+    assert {record["pointers"]["dx_ptr"] for record in gathers} == {"fp16", "bf16"}
+    for record in gathers:
+        half = "f16" if record["pointers"]["dx_ptr"] == "fp16" else "bf16"
+        assert f"cvt.rn.{half}.f64" in record["conversions"], record["conversions"]
+        assert "cvt.rn.f32.f64" not in record["conversions"], record["conversions"]
 
 
 @cuda

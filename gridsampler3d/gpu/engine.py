@@ -2,8 +2,9 @@
 
 Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported), which is how the kernels are tested without a GPU.
-float16 and bfloat16 accumulate in float32; float32 in float32; float64 in float64;
-indices and weights are computed in float64 throughout.
+float16 and bfloat16 accumulate in float32 in the forward and in the fast (atomic) dx, and
+in float64, rounded once, in the deterministic dx (SPEC section 4); float32 in float32;
+float64 in float64. Indices and weights are computed in float64 throughout.
 """
 from __future__ import annotations
 
@@ -37,10 +38,32 @@ def _kernels():
 _BICUBIC_CHUNK_ENTRIES = 1 << 26
 
 
-def _accumulator(dtype: torch.dtype):
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _accumulator(dtype: torch.dtype, exact_half: bool = False):
+    """Triton dtype of sums for data of ``dtype``: float64 for float64, and for half types
+    where ``exact_half`` (a sum rounded to half precision once: SPEC section 4); else float32."""
     import triton.language as tl
 
-    return tl.float64 if dtype == torch.float64 else tl.float32
+    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in _HALF) else tl.float32
+
+
+def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``values`` rounded to ``dtype`` once, to nearest even.
+
+    torch converts float64 to float16 / bfloat16 through float32, which rounds twice (a
+    value just above a half-precision tie lands on the tie, then rounds to even). Rounding
+    to float32 by truncation with the last bit set where anything was cut off ("round to
+    odd") keeps that information, and the second rounding is then exact.
+    """
+    if values.dtype == dtype or dtype not in _HALF:
+        return values.to(dtype)
+    single = values.to(torch.float32)
+    overshot = single.to(torch.float64).abs() > values.abs()
+    single = torch.where(overshot, torch.nextafter(single, torch.zeros_like(single)), single)
+    inexact = (single.to(torch.float64) != values).to(torch.int32)
+    return (single.view(torch.int32) | inexact).view(torch.float32).to(dtype)
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -51,6 +74,12 @@ def _store_dtype(dtype: torch.dtype) -> torch.dtype:
     and torch rounds.
     """
     return torch.float32 if dtype == torch.bfloat16 and interpreter_enabled() else dtype
+
+
+def _exact_store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a float64 sum meant for ``dtype`` is written in: :func:`_store_dtype`, but
+    float64 where that would be float32 (rounding to it first would round twice)."""
+    return torch.float64 if _store_dtype(dtype) != dtype else dtype
 
 
 def _fusion(dtype: torch.dtype) -> dict:
@@ -148,14 +177,14 @@ class TritonBackend:
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
-                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc)
+                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes)
             elif want_dx:
-                dx = self._gathered_dx(backward, grad, x, grid, points, modes, acc)
+                dx = self._gathered_dx(backward, grad, x, grid, points, modes)
         return dx, (dgrid.to(grid.dtype) if want_dgrid else None)
 
     @staticmethod
-    def _gathered_dx(backward, grad, x, grid, points, modes, acc):
-        """The deterministic dx: bucket points by their lowest corner, then gather per voxel."""
+    def _gathered_dx(backward, grad, x, grid, points, modes):
+        """The deterministic dx: bucket points by their lowest corner, then gather per voxel (half types: in float64)."""
         batch, channels, depth, height, width = x.shape
         keys = torch.empty(points, dtype=torch.int64, device=x.device)
         block_p = 256
@@ -164,20 +193,24 @@ class TritonBackend:
         sorted_keys, order = torch.sort(keys, stable=True)
         buckets = batch * (depth + 1) * (height + 1) * (width + 1)
         starts = torch.searchsorted(sorted_keys, torch.arange(buckets + 1, device=x.device), out_int32=points < 2**31)
-        dx = torch.empty_like(x, dtype=_store_dtype(x.dtype), memory_format=memory_format_of(x))
+        dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
         block_v, block_c = _blocks(channels, tile=1024)
         backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
             grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
-            *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
-        return dx.to(x.dtype)
+            *grid.stride(), *dx.stride(), **modes, ACC=_accumulator(x.dtype, exact_half=True), BLOCK_V=block_v,
+            BLOCK_C=block_c, **_fusion(x.dtype))
+        return round_once(dx, x.dtype)
 
     @staticmethod
-    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc):
-        """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather."""
+    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes):
+        """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather.
+
+        Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
         batch, channels, depth, height, width = x.shape
         voxels = batch * depth * height * width
-        dx = torch.empty_like(x, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+        acc = _accumulator(x.dtype, exact_half=True)
+        dx = torch.empty_like(x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
                               memory_format=memory_format_of(x))
         chunk = max(1, _BICUBIC_CHUNK_ENTRIES // 64)
         block_p = 64
@@ -195,4 +228,4 @@ class TritonBackend:
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
                 ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
-        return dx.to(x.dtype)
+        return round_once(dx, x.dtype)
