@@ -51,24 +51,26 @@ def test_many_points_per_voxel(attributes, deterministic):
     assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", "triton", label=matrix_id(attributes))
 
 
-def _dx_with_tiles(monkeypatch, tile_scale, grad, x, grid, deterministic):
-    """dx with every launch's points-per-program scaled by ``tile_scale``: another split of the work."""
-    blocks = engine._blocks
-    monkeypatch.setattr(engine, "_blocks", lambda channels, tile=2048: blocks(channels, int(tile * tile_scale)))
+def _dx_with_tiles(monkeypatch, small, grad, x, grid, deterministic):
+    """dx with programs of 2 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
+    if small:
+        monkeypatch.setattr(engine, "_patch_tile", lambda *_, **__: {"BLOCK_D": 1, "BLOCK_H": 1, "BLOCK_W": 2, "BLOCK_C": 1,
+                                                                      "num_warps": 1})
+        monkeypatch.setattr(engine, "_blocks", lambda *_, **__: (16, 1))
     try:
         return gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=deterministic)[0]
     finally:
-        monkeypatch.setattr(engine, "_blocks", blocks)
+        monkeypatch.undo()
 
 
 def test_deterministic_dx_does_not_depend_on_how_work_is_split(monkeypatch):
     """Repeating a run cannot show non-determinism here: the interpreter runs programs (and
     their atomics) in order. Changing how many points each program takes reorders the fast
     mode's additions, as a GPU's scheduling does; the deterministic dx must not move a bit."""
-    grad, x, grid = _on(DEVICE, *make_case(1, 3, (4, 5, 3), (9, 11, 10), torch.float32, seed=3))
-    fast = [_dx_with_tiles(monkeypatch, scale, grad, x, grid, False) for scale in (1 / 64, 1)]
+    grad, x, grid = _on(DEVICE, *make_case(1, 2, (3, 3, 3), (6, 7, 8), torch.float32, seed=3))
+    fast = [_dx_with_tiles(monkeypatch, small, grad, x, grid, False) for small in (True, False)]
     assert not torch.equal(*fast), "the case must be sensitive to the order of additions"
-    exact = [_dx_with_tiles(monkeypatch, scale, grad, x, grid, True) for scale in (1 / 64, 1)]
+    exact = [_dx_with_tiles(monkeypatch, small, grad, x, grid, True) for small in (True, False)]
     assert torch.equal(*exact)
 
 

@@ -136,6 +136,45 @@ def tap_weight(index, corner, STEP: tl.constexpr):
 
 
 @triton.jit
+def cell_taps(ix, iy, iz, depth, height, width, stride_d, stride_h, stride_w, INTERPOLATION: tl.constexpr,
+              WEIGHT: tl.constexpr):
+    """The taps of points at indices (ix, iy, iz), as three tuples over taps: offset (int64, within
+    a batch item), inside (bool) and weight (the float64 product rounded once to ``WEIGHT``;
+    trilinear only). Trilinear has 8 taps in PyTorch's order (bit 0 steps x, bit 1 y, bit 2 z),
+    nearest one. Computed once per point, used by every channel."""
+    x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
+    offsets, insides, weights = (), (), ()
+    for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
+        step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+        cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
+        offsets = offsets + (cz * stride_d + cy * stride_h + cx * stride_w,)
+        insides = insides + ((cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth),)
+        weight = tap_weight(ix, x0, step_x) * tap_weight(iy, y0, step_y) * tap_weight(iz, z0, step_z)
+        weights = weights + (weight.to(WEIGHT),)
+    return offsets, insides, weights
+
+
+@triton.jit
+def tile_points(out_depth, out_height, out_width, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                BLOCK_W: tl.constexpr):
+    """This program's output points: (n, d, h, w, mask), n a scalar, d, h, w int64 vectors.
+
+    Programs tile each batch item of the output in BLOCK_D x BLOCK_H x BLOCK_W patches
+    (launch grid: (N * cdiv(Do, BLOCK_D) * cdiv(Ho, BLOCK_H), cdiv(Wo, BLOCK_W))), so the
+    only divisions by a size are a few per program; a point's d, h and w come from its lane
+    by shifts and masks. A wide output gives patches of one row (BLOCK_D = BLOCK_H = 1).
+    """
+    h_blocks = tl.cdiv(out_height, BLOCK_H)
+    d_blocks = tl.cdiv(out_depth, BLOCK_D)
+    program = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, BLOCK_D * BLOCK_H * BLOCK_W)
+    w = tl.program_id(1).to(tl.int64) * BLOCK_W + lane % BLOCK_W
+    h = (program % h_blocks) * BLOCK_H + (lane // BLOCK_W) % BLOCK_H
+    d = ((program // h_blocks) % d_blocks) * BLOCK_D + lane // (BLOCK_W * BLOCK_H)
+    return program // (h_blocks * d_blocks), d, h, w, (d < out_depth) & (h < out_height) & (w < out_width)
+
+
+@triton.jit
 def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, stride_h, stride_w):
     """Element offset (int64) of output point ``point`` (flat over N, Do, Ho, Wo) in a tensor with these strides."""
     w = point % out_width

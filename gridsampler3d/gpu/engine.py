@@ -88,17 +88,51 @@ def _fusion(dtype: torch.dtype) -> dict:
     return {"enable_fp_fusion": dtype != torch.float64}
 
 
-def _blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
-    """(points, channels) per program: up to 16 channels wide, about ``tile`` elements in all."""
-    block_c = 1
-    while block_c < min(channels, 16):
-        block_c *= 2
-    block_p = max(16, min(256, tile // block_c))
-    return block_p, block_c
+def _channel_block(x: torch.Tensor, widest: int = 16) -> int:
+    """Channels per program step: 1 unless x's channels are adjacent in memory (channels-last),
+    where one load reads a tap's channel vector (up to ``widest``)."""
+    import triton
+
+    return min(triton.next_power_of_2(x.shape[1]), widest) if x.shape[1] > 1 and x.stride(1) == 1 else 1
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _patch_tile(x: torch.Tensor, grid: torch.Tensor, elements: int) -> dict:
+    """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
+
+    NCDHW: one channel per step, lanes along points, ``elements`` points per program.
+    Channels-last: a channel vector per step, about ``elements`` elements per program.
+    Either way few enough that no thread spills (docs/gpu.md, registers). BLOCK_W follows
+    the output's width (idle lanes cost as much as busy ones); BLOCK_H, then BLOCK_D, fill
+    the rest of the patch. Under the interpreter, whose cost is per program and per
+    operation rather than per lane, patches are 8x larger.
+    """
+    import triton
+
+    block_c = _channel_block(x)
+    points = max(16, elements // block_c) * (8 if interpreter_enabled() else 1)
+    out_depth, out_height, out_width = grid.shape[1:4]
+    block_w = min(triton.next_power_of_2(out_width), points)
+    block_h = min(triton.next_power_of_2(out_height), points // block_w)
+    block_d = min(triton.next_power_of_2(out_depth), points // (block_w * block_h))
+    return {"BLOCK_D": block_d, "BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_C": block_c,
+            "num_warps": max(1, min(4, block_d * block_h * block_w * block_c // 32))}
+
+
+def _patch_grid(grid: torch.Tensor, tile: dict) -> tuple[int, int]:
+    """The launch grid of :func:`_patch_tile`'s patches (``coords.tile_points``)."""
+    import triton
+
+    batch, out_depth, out_height, out_width = grid.shape[:4]
+    return (batch * triton.cdiv(out_depth, tile["BLOCK_D"]) * triton.cdiv(out_height, tile["BLOCK_H"]),
+            triton.cdiv(out_width, tile["BLOCK_W"]))
+
+
+def _blocks(x: torch.Tensor, tile: int = 1024) -> tuple[int, int]:
+    """(voxels or points, channels) per program of the flat kernels: about ``tile`` elements
+    (8x more under the interpreter, as :func:`_patch_tile`)."""
+    block_c = _channel_block(x)
+    scale = 8 if interpreter_enabled() else 1
+    return max(16, min(256 * scale, tile * scale // block_c)), block_c
 
 
 def _on_device(device: torch.device):
@@ -122,26 +156,31 @@ class TritonBackend:
         return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        import triton
+
         forward, _, bicubic = _kernels()
         batch, channels = x.shape[:2]
         y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=_store_dtype(x.dtype), device=x.device,
                         memory_format=memory_format_of(x))
-        points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
-        block_p, block_c = _blocks(channels)
-        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners)
-        if interpolation == Interpolation.BICUBIC:
-            kernel = bicubic.bicubic_fwd_kernel
-        else:
-            kernel, modes["INTERPOLATION"] = forward.grid_sampler3d_fwd_kernel, int(interpolation)
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners, ACC=_accumulator(x.dtype), **_fusion(x.dtype))
+        sizes = (*x.shape[2:], *grid.shape[1:4])
+        strides = (*x.stride(), *grid.stride(), *y.stride())
         with _on_device(x.device):
-            kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
-                x, grid, y, points, channels, *x.shape[2:], *grid.shape[1:4], *x.stride(), *grid.stride(),
-                *y.stride(), **modes, ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c,
-                **_fusion(x.dtype))
+            if interpolation == Interpolation.BICUBIC:
+                points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+                block_p, block_c = _blocks(x, tile=128)  # 128 points or 16 x 16 (point, channel): no spills
+                bicubic.bicubic_fwd_kernel[(triton.cdiv(points, block_p), triton.cdiv(channels, block_c))](
+                    x, grid, y, points, channels, *sizes, *strides, **modes, BLOCK_P=block_p, BLOCK_C=block_c)
+            else:
+                tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 512)
+                forward.grid_sampler3d_fwd_kernel[_patch_grid(grid, tile)](
+                    x, grid, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
         return y.to(x.dtype)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
+        import triton
+
         _, backward, bicubic = _kernels()
         want_dx, want_dgrid = output_mask
         batch, channels = x.shape[:2]
@@ -165,15 +204,23 @@ class TritonBackend:
             dx = torch.zeros_like(x, dtype=acc_dtype, memory_format=layout)
         with _on_device(x.device):
             if atomic_dx or kernel_dgrid:
-                block_p, block_c = _blocks(channels, tile=1024)
-                if x.dtype == torch.float64:
-                    block_c = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
                 target = dx if atomic_dx else x
-                kernel = bicubic.bicubic_bwd_kernel if is_bicubic else backward.grid_sampler3d_bwd_kernel
-                kernel[(_cdiv(points, block_p),)](
-                    grad, x, grid, target, dgrid if kernel_dgrid else grid, points, channels, *x.shape[2:],
-                    *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(), *target.stride(), **modes, ACC=acc,
-                    WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c, **_fusion(x.dtype))
+                operands = (grad, x, grid, target, dgrid if kernel_dgrid else grid)
+                sizes_and_strides = (*x.shape[2:], *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(),
+                                     *target.stride())
+                flags = dict(modes, ACC=acc, WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, **_fusion(x.dtype))
+                if is_bicubic:
+                    block_p, block_c = _blocks(x, tile=128)
+                    if x.dtype == torch.float64:
+                        block_c = 1  # dgrid summed channel by channel: the reference's order, bit for bit
+                    bicubic.bicubic_bwd_kernel[(triton.cdiv(points, block_p),)](
+                        *operands, points, channels, *sizes_and_strides, **flags, BLOCK_P=block_p, BLOCK_C=block_c)
+                else:
+                    tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 256)
+                    if x.dtype == torch.float64:
+                        tile["BLOCK_C"] = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
+                    backward.grid_sampler3d_bwd_kernel[_patch_grid(grid, tile)](
+                        *operands, channels, *sizes_and_strides, **flags, **tile)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
@@ -185,18 +232,20 @@ class TritonBackend:
     @staticmethod
     def _gathered_dx(backward, grad, x, grid, points, modes):
         """The deterministic dx: bucket points by their lowest corner, then gather per voxel (half types: in float64)."""
+        import triton
+
         batch, channels, depth, height, width = x.shape
         keys = torch.empty(points, dtype=torch.int64, device=x.device)
         block_p = 256
-        backward.bucket_keys_kernel[(_cdiv(points, block_p),)](
+        backward.bucket_keys_kernel[(triton.cdiv(points, block_p),)](
             grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
         sorted_keys, order = torch.sort(keys, stable=True)
         buckets = batch * (depth + 1) * (height + 1) * (width + 1)
         starts = torch.searchsorted(sorted_keys, torch.arange(buckets + 1, device=x.device), out_int32=points < 2**31)
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
-        block_v, block_c = _blocks(channels, tile=1024)
-        backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
+        block_v, block_c = _blocks(x)
+        backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
             grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
             *grid.stride(), *dx.stride(), **modes, ACC=_accumulator(x.dtype, exact_half=True), BLOCK_V=block_v,
             BLOCK_C=block_c, **_fusion(x.dtype))
@@ -207,6 +256,8 @@ class TritonBackend:
         """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather.
 
         Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
+        import triton
+
         batch, channels, depth, height, width = x.shape
         voxels = batch * depth * height * width
         acc = _accumulator(x.dtype, exact_half=True)
@@ -214,17 +265,17 @@ class TritonBackend:
                               memory_format=memory_format_of(x))
         chunk = max(1, _BICUBIC_CHUNK_ENTRIES // 64)
         block_p = 64
-        block_v, block_c = _blocks(channels, tile=1024)
+        block_v, block_c = _blocks(x)
         voxel_ids = torch.arange(voxels + 1, device=x.device)
         for first_point in range(0, points, chunk):
             count = min(chunk, points - first_point)
             keys = torch.empty(count * 64, dtype=torch.int64, device=x.device)
-            bicubic.bicubic_tap_keys_kernel[(_cdiv(count, block_p),)](
+            bicubic.bicubic_tap_keys_kernel[(triton.cdiv(count, block_p),)](
                 grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
                 **modes, BLOCK_P=block_p)
             sorted_keys, order = torch.sort(keys, stable=True)
             starts = torch.searchsorted(sorted_keys, voxel_ids, out_int32=True)
-            bicubic.bicubic_dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
+            bicubic.bicubic_dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
                 ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
