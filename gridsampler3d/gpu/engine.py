@@ -135,6 +135,23 @@ def _blocks(x: torch.Tensor, tile: int = 1024) -> tuple[int, int]:
     return max(16, min(256 * scale, tile * scale // block_c)), block_c
 
 
+def _index_dtype(count: int) -> torch.dtype:
+    """int32 for indices below ``count`` where they fit: a sort of int32 keys takes half the radix passes."""
+    return torch.int32 if count <= 2**31 else torch.int64
+
+
+def _bucket_starts(keys: torch.Tensor, buckets: int, entries: int) -> torch.Tensor:
+    """starts[k] .. starts[k + 1]: where key k's run lies in the stably sorted keys (``buckets + 1`` values).
+
+    Counted, not searched: a histogram of the keys (integer counts: the same on every run,
+    and allowed under torch.use_deterministic_algorithms) and its running sum, instead of
+    a binary search per bucket.
+    """
+    starts = torch.zeros(buckets + 1, dtype=_index_dtype(entries + 1), device=keys.device)
+    torch.cumsum(torch.bincount(keys, minlength=buckets), dim=0, out=starts[1:])
+    return starts
+
+
 def _on_device(device: torch.device):
     """Launch on ``device``'s GPU (Triton launches on the current one)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -235,13 +252,13 @@ class TritonBackend:
         import triton
 
         batch, channels, depth, height, width = x.shape
-        keys = torch.empty(points, dtype=torch.int64, device=x.device)
+        buckets = batch * (depth + 1) * (height + 1) * (width + 1)
+        keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
         block_p = 256
         backward.bucket_keys_kernel[(triton.cdiv(points, block_p),)](
             grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
-        sorted_keys, order = torch.sort(keys, stable=True)
-        buckets = batch * (depth + 1) * (height + 1) * (width + 1)
-        starts = torch.searchsorted(sorted_keys, torch.arange(buckets + 1, device=x.device), out_int32=points < 2**31)
+        order = torch.sort(keys, stable=True).indices
+        starts = _bucket_starts(keys, buckets + 1, points)
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
         block_v, block_c = _blocks(x)
@@ -266,15 +283,14 @@ class TritonBackend:
         chunk = max(1, _BICUBIC_CHUNK_ENTRIES // 64)
         block_p = 64
         block_v, block_c = _blocks(x)
-        voxel_ids = torch.arange(voxels + 1, device=x.device)
         for first_point in range(0, points, chunk):
             count = min(chunk, points - first_point)
-            keys = torch.empty(count * 64, dtype=torch.int64, device=x.device)
+            keys = torch.empty(count * 64, dtype=_index_dtype(voxels + 1), device=x.device)
             bicubic.bicubic_tap_keys_kernel[(triton.cdiv(count, block_p),)](
                 grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
                 **modes, BLOCK_P=block_p)
-            sorted_keys, order = torch.sort(keys, stable=True)
-            starts = torch.searchsorted(sorted_keys, voxel_ids, out_int32=True)
+            order = torch.sort(keys, stable=True).indices
+            starts = _bucket_starts(keys, voxels + 1, count * 64)
             bicubic.bicubic_dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
