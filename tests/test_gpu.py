@@ -208,6 +208,32 @@ def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
         assert "cvt.rn.f32.f64" not in record["conversions"], record["conversions"]
 
 
+def test_check_runs_triton_in_both_modes():
+    from gridsampler3d.check import _variants
+
+    assert _variants(["numba", "triton"]) == [("numba", "numba", None), ("triton/fast", "triton", False),
+                                             ("triton/det", "triton", True)]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the dry run is for machines without a GPU")
+def test_device_check_dry_run_writes_every_phase(tmp_path):
+    """benchmarks/gpu_check.py through the interpreter at tiny sizes: every phase runs and is written."""
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "40",
+                             "--cases", "reg256", "--out", str(tmp_path)], env=environment, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["phases_done"] == ["machine", "speed", "registers", "correctness", "determinism"]
+    assert [row["case"] for row in report["speed"]] == ["reg256"] and "error" not in report["speed"][0]
+    assert set(report["speed"][0]["times_ms"]) >= {"fwd_ours", "bwd_fast", "bwd_det", "bwd_fast_dx", "bwd_det_dx",
+                                                     "bwd_fast_dgrid", "bwd_torch_dgrid"}
+    assert report["correctness"]["checked"] >= 2 and not report["correctness"]["failures"]
+    assert report["determinism"]["deterministic_bitwise"]
+    assert "| reg256 |" in (tmp_path / "gpu_check.md").read_text()
+
+
 @cuda
 def test_auto_uses_triton_on_cuda():
     assert gs.backends.select_backend("auto", torch.device("cuda")).name == "triton"
