@@ -102,6 +102,22 @@ def test_deterministic_half_dx_is_summed_in_float64_and_rounded_once(dtype, bits
     assert dx[0, 0, 0, 0, 0].item() == 1 + 2.0**-bits
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_deterministic_dx_sums_long_buckets_in_chunks(monkeypatch, mode):
+    """Border padding of a grid far outside piles points into the corner cells. Buckets longer
+    than the chunk size (4 here) are summed as partial sums of 4 points, then chunk by chunk."""
+    monkeypatch.setattr(engine, "_BUCKET_CHUNK", 4)
+    chunked = []
+    chunks = engine._chunks
+    monkeypatch.setattr(engine, "_chunks", lambda *args: chunked.append(chunks(*args)) or chunked[-1])
+    grad, x, grid = _on(DEVICE, *make_case(1, 3, (3, 4, 3), (5, 6, 7), torch.float32, seed=9, low=-3.0, high=3.0))
+    dx, _ = assert_backward_matches(grad, x, grid, mode, "border", False, backend="triton", label="chunked",
+                                    deterministic=True)
+    assert chunked[0] is not None and chunked[0][1].numel() > 10
+    again, _ = gs.grid_sampler3d_backward(grad, x, grid, mode, "border", backend="triton", deterministic=True)
+    assert torch.equal(dx, again)
+
+
 def test_dgrid_is_the_same_in_both_modes():
     grad, x, grid = _on(DEVICE, *make_case(2, 4, (5, 6, 7), (6, 5, 4), torch.float32, seed=5))
     _, fast = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=False)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import NEAREST, base_corner, cell_taps, point_indices, point_offset, tap_weight, tile_points, wide
+from .coords import (NEAREST, base_corner, cell_taps, linear_weight, point_indices, point_offset, tap_weight, tile_points,
+                     wide)
 
 
 @triton.jit
@@ -129,18 +130,20 @@ def bucket_keys_kernel(
 
 @triton.jit
 def dx_gather_kernel(
-    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr,
+    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr, chunk_starts_ptr, partials_ptr,
     voxels, channels, depth, height, width, out_depth, out_height, out_width,
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
     INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
 
     ``order`` lists point indices sorted (stably) by key; ``starts[k]`` is where key k's
-    bucket begins in it (``starts[k + 1]`` where it ends).
+    bucket begins in it (``starts[k + 1]`` where it ends). With ``SPLIT``, a bucket with
+    chunks (``chunk_starts[k]`` .. ``chunk_starts[k + 1]``) is summed from their partial
+    sums (:func:`bucket_partials_kernel`), in chunk order, instead of point by point.
     """
     depth, height, width = wide(depth), wide(height), wide(width)
     out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
@@ -159,6 +162,15 @@ def dx_gather_kernel(
         key = ((batch * (depth + 1) + vz - step_z + 1) * (height + 1) + vy - step_y + 1) * (width + 1) + vx - step_x + 1
         first = tl.load(starts_ptr + key, mask=voxel_mask, other=0)
         count = tl.load(starts_ptr + key + 1, mask=voxel_mask, other=0) - first
+        if SPLIT:
+            first_chunk = tl.load(chunk_starts_ptr + key, mask=voxel_mask, other=0).to(tl.int64)
+            chunks = tl.load(chunk_starts_ptr + key + 1, mask=voxel_mask, other=0) - first_chunk
+            count = tl.where(chunks > 0, 0, count)
+            for chunk in range(0, tl.max(chunks, axis=0)):
+                live = (voxel_mask & (chunk < chunks))[:, None] & channel_mask
+                partial = ((first_chunk + chunk) * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels \
+                    + channel[None, :]
+                total += tl.load(partials_ptr + partial, mask=live, other=0.0)
         for k in range(0, tl.max(count, axis=0)):
             live = voxel_mask & (k < count)
             point = tl.load(order_ptr + first + k, mask=live, other=0)
@@ -180,3 +192,53 @@ def dx_gather_kernel(
     out_offset = batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w
     tl.store(dx_ptr + out_offset[:, None] + (channel * dx_stride_c)[None, :], total,
              mask=voxel_mask[:, None] & channel_mask)
+
+
+@triton.jit
+def bucket_partials_kernel(
+    grad_ptr, grid_ptr, partials_ptr, order_ptr, chunk_first_ptr, chunk_count_ptr,
+    chunks, channels, depth, height, width, out_depth, out_height, out_width,
+    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
+    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """partials (chunks, taps, C) in ``ACC``: per chunk of at most CHUNK consecutive entries
+    of a long bucket (``order[chunk_first] ..``, ``chunk_count`` of them), per tap, the sum of
+    grad * weight in point order. Launch grid: (cdiv(chunks, BLOCK_K), taps, cdiv(C, BLOCK_C)).
+
+    A bucket with 10^5 points (border padding piles them into corner cells) is then summed
+    by many lanes, CHUNK points each, and its voxels add the partial sums in chunk order:
+    a fixed order, so still the same on every run.
+    """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
+    chunk = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tap = tl.program_id(1)
+    channel = tl.program_id(2).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chunk_mask = chunk < chunks
+    channel_mask = (channel < channels)[None, :]
+    first = tl.load(chunk_first_ptr + chunk, mask=chunk_mask, other=0).to(tl.int64)
+    count = tl.load(chunk_count_ptr + chunk, mask=chunk_mask, other=0)
+    total = tl.zeros([BLOCK_K, BLOCK_C], ACC)
+    for k in range(0, CHUNK):
+        live = chunk_mask & (k < count)
+        point = tl.load(order_ptr + first + k, mask=live, other=0)
+        grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
+                                   grad_stride_h, grad_stride_w)
+        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
+                       mask=live[:, None] & channel_mask, other=0.0).to(ACC)
+        if INTERPOLATION == NEAREST:
+            total += grad
+        else:
+            grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
+                                       grid_stride_h, grid_stride_w)
+            ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width,
+                                                PADDING, ALIGN_CORNERS, False)
+            # The same product, in the same order, as dx_gather_kernel's.
+            weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), tap & 1)
+                      * linear_weight(iy, base_corner(iy, INTERPOLATION), (tap >> 1) & 1)
+                      * linear_weight(iz, base_corner(iz, INTERPOLATION), tap >> 2))
+            total += grad * weight.to(ACC)[:, None]
+    partial = (chunk * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels + channel[None, :]
+    tl.store(partials_ptr + partial, total, mask=chunk_mask[:, None] & channel_mask)

@@ -136,6 +136,12 @@ def tap_weight(index, corner, STEP: tl.constexpr):
 
 
 @triton.jit
+def linear_weight(index, corner, step):
+    """:func:`tap_weight` for a run-time ``step`` (0 or 1): the same float64 value."""
+    return tl.where(step == 1, index - corner.to(tl.float64), (corner + 1).to(tl.float64) - index)
+
+
+@triton.jit
 def cell_taps(ix, iy, iz, depth, height, width, stride_d, stride_h, stride_w, INTERPOLATION: tl.constexpr,
               WEIGHT: tl.constexpr):
     """The taps of points at indices (ix, iy, iz), as three tuples over taps: offset (int64, within

@@ -34,6 +34,9 @@ def _kernels():
     return forward, backward, bicubic
 
 
+# Points per partial sum of a long bucket in the deterministic trilinear dx (a bucket longer
+# than this is summed in chunks of it, one lane each, then chunk by chunk).
+_BUCKET_CHUNK = 256
 # Entries (point, tap) per chunk of the deterministic bicubic dx: bounds its sort's memory.
 _BICUBIC_CHUNK_ENTRIES = 1 << 26
 
@@ -140,16 +143,37 @@ def _index_dtype(count: int) -> torch.dtype:
     return torch.int32 if count <= 2**31 else torch.int64
 
 
-def _bucket_starts(keys: torch.Tensor, buckets: int, entries: int) -> torch.Tensor:
-    """starts[k] .. starts[k + 1]: where key k's run lies in the stably sorted keys (``buckets + 1`` values).
+def _bucket_starts(keys: torch.Tensor, buckets: int, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, counts): starts[k] .. starts[k + 1] is where key k's run lies in the stably
+    sorted keys (``buckets + 1`` values), counts[k] its length.
 
     Counted, not searched: a histogram of the keys (integer counts: the same on every run,
     and allowed under torch.use_deterministic_algorithms) and its running sum, instead of
     a binary search per bucket.
     """
+    counts = torch.bincount(keys, minlength=buckets)
     starts = torch.zeros(buckets + 1, dtype=_index_dtype(entries + 1), device=keys.device)
-    torch.cumsum(torch.bincount(keys, minlength=buckets), dim=0, out=starts[1:])
-    return starts
+    torch.cumsum(counts, dim=0, out=starts[1:])
+    return starts, counts
+
+
+def _chunks(starts: torch.Tensor, counts: torch.Tensor, buckets: int, chunk: int):
+    """Buckets longer than ``chunk`` entries cut into chunks of ``chunk``: (chunk_starts, first, count) or None.
+
+    chunk_starts[k] .. chunk_starts[k + 1] are bucket k's chunks (none for a short bucket);
+    first[j] and count[j] are where chunk j begins in the sorted order and how long it is.
+    """
+    per_bucket = torch.where(counts[:buckets] > chunk, (counts[:buckets] + chunk - 1) // chunk, 0)
+    chunk_starts = torch.zeros(buckets + 1, dtype=starts.dtype, device=starts.device)
+    torch.cumsum(per_bucket, dim=0, out=chunk_starts[1:])
+    total = int(chunk_starts[-1])
+    if total == 0:
+        return None
+    bucket = torch.repeat_interleave(torch.arange(buckets, device=starts.device), per_bucket)
+    first = starts[bucket].to(torch.int64) + (torch.arange(total, device=starts.device)
+                                              - chunk_starts[bucket].to(torch.int64)) * chunk
+    count = torch.clamp(starts[bucket + 1].to(torch.int64) - first, max=chunk).to(torch.int32)
+    return chunk_starts, first, count
 
 
 def _on_device(device: torch.device):
@@ -258,14 +282,29 @@ class TritonBackend:
         backward.bucket_keys_kernel[(triton.cdiv(points, block_p),)](
             grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
         order = torch.sort(keys, stable=True).indices
-        starts = _bucket_starts(keys, buckets + 1, points)
+        starts, counts = _bucket_starts(keys, buckets + 1, points)
+        acc = _accumulator(x.dtype, exact_half=True)
+        chunked = _chunks(starts, counts, buckets, _BUCKET_CHUNK)
+        block_v, block_c = _blocks(x, tile=128 if _channel_block(x) == 1 else 1024)  # 128 voxels NCDHW: no spills
+        sizes = (channels, depth, height, width, *grid.shape[1:4])
+        if chunked is None:
+            chunk_starts = partials = starts  # not read
+        else:
+            chunk_starts, first, count = chunked
+            taps = 1 if modes["INTERPOLATION"] == int(Interpolation.NEAREST) else 8
+            # In the accumulation dtype: float32 for float32, float64 otherwise.
+            partials = torch.empty(first.numel(), taps, channels, device=x.device,
+                                   dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
+            block_k = 64
+            backward.bucket_partials_kernel[(triton.cdiv(first.numel(), block_k), taps, triton.cdiv(channels, block_c))](
+                grad, grid, partials, order, first, count, first.numel(), *sizes, *grad.stride(), *grid.stride(),
+                **modes, ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c, **_fusion(x.dtype))
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
-        block_v, block_c = _blocks(x)
         backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
-            grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
-            *grid.stride(), *dx.stride(), **modes, ACC=_accumulator(x.dtype, exact_half=True), BLOCK_V=block_v,
-            BLOCK_C=block_c, **_fusion(x.dtype))
+            grad, grid, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(), *grid.stride(),
+            *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v, BLOCK_C=block_c,
+            **_fusion(x.dtype))
         return round_once(dx, x.dtype)
 
     @staticmethod
@@ -290,7 +329,7 @@ class TritonBackend:
                 grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
                 **modes, BLOCK_P=block_p)
             order = torch.sort(keys, stable=True).indices
-            starts = _bucket_starts(keys, voxels + 1, count * 64)
+            starts, _ = _bucket_starts(keys, voxels + 1, count * 64)
             bicubic.bicubic_dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
