@@ -5,7 +5,9 @@ mode, padding mode, align_corners, dtype and layout, it runs the forward and the
 on small seeded random inputs and applies the precision rule (``gridsampler3d.precision``)
 to y, dx and dgrid against PyTorch's float64 golden and its same-dtype result. (Bicubic,
 which PyTorch lacks in 3-D, is judged against the float64 reference and the torch
-composite in the same dtype; see ``gridsampler3d.precision``.)
+composite in the same dtype; see ``gridsampler3d.precision``.) The Triton backend is
+checked in both backward modes, fast (atomics) and deterministic, as ``triton/fast`` and
+``triton/det``.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ OUTPUTS = ("y", "dx", "dgrid")
 # Small odd sizes, a grid reaching past the volume so that every padding rule is exercised.
 BATCH, CHANNELS, INPUT_SIZE, OUTPUT_SIZE, GRID_BOUND = 2, 3, (5, 6, 7), (4, 5, 3), 1.2
 
-HEADER = (f"{'backend':<10} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<5} {'layout':<6} "
+HEADER = (f"{'backend':<11} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<5} {'layout':<6} "
           f"{'y':>7} {'dx':>7} {'dgrid':>7}  result")
 
 
@@ -88,11 +90,22 @@ def _expected(grad, x, grid, mode, padding, align_corners, layout) -> dict:
     }
 
 
-def _ours(backend, device, grad, x, grid, mode, padding, align_corners, layout) -> dict:
+def _variants(names: list[str]) -> list[tuple[str, str, bool | None]]:
+    """(label, backend, deterministic) per backend: Triton's backward in both modes, the others as they are."""
+    variants = []
+    for name in names:
+        if name == "triton":
+            variants += [("triton/fast", name, False), ("triton/det", name, True)]
+        else:
+            variants.append((name, name, None))
+    return variants
+
+
+def _ours(backend, device, grad, x, grid, mode, padding, align_corners, layout, deterministic=None) -> dict:
     grad, x, grid = grad.to(device), x.to(device), grid.to(device)
     y = api.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=layout, backend=backend)
     dx, dgrid = api.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, data_format=layout,
-                                            backend=backend)
+                                            backend=backend, deterministic=deterministic)
     return {"y": y, "dx": dx, "dgrid": dgrid}
 
 
@@ -127,7 +140,7 @@ def format_row(row: dict) -> str:
     result = "PASS" if row["passed"] else "FAIL"
     if row["error"]:
         result += f"  {row['error']}"
-    return (f"{row['backend']:<10} {row['mode']:<9} {row['padding']:<11} {str(row['align_corners']):<6} "
+    return (f"{row['backend']:<11} {row['mode']:<9} {row['padding']:<11} {str(row['align_corners']):<6} "
             f"{row['dtype']:<5} {row['layout']:<6} {' '.join(cells)}  {result}")
 
 
@@ -162,13 +175,14 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
 
     echo(HEADER)
     rows = []
-    for name in names:
+    for label, name, deterministic in _variants(names):
         for mode, padding, align_corners, dtype_name, layout in cases:
-            row = {"backend": name, "device": str(device), "mode": mode, "padding": padding,
+            row = {"backend": label, "device": str(device), "mode": mode, "padding": padding,
                    "align_corners": align_corners, "dtype": dtype_name, "layout": layout,
                    "worst_ratio": {}, "failures": [], "error": None}
             try:
-                ours = _ours(name, device, *inputs[dtype_name, layout], mode, padding, align_corners, layout)
+                ours = _ours(name, device, *inputs[dtype_name, layout], mode, padding, align_corners, layout,
+                             deterministic)
                 row["worst_ratio"], row["failures"] = _judge(
                     ours, expected[mode, padding, align_corners, dtype_name, layout], DTYPES[dtype_name], device)
             except Exception as error:  # a crash fails this case; the others still run

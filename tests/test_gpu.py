@@ -4,6 +4,7 @@ Without a GPU the kernels run on CPU tensors through Triton's interpreter (conft
 TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
 """
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 
 import gridsampler3d as gs
 from gridsampler3d.backends import BACKENDS
+from gridsampler3d.gpu import engine
 from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -49,13 +51,71 @@ def test_many_points_per_voxel(attributes, deterministic):
     assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", "triton", label=matrix_id(attributes))
 
 
+def _dx_with_tiles(monkeypatch, small, grad, x, grid, deterministic):
+    """dx with programs of 2 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
+    if small:
+        monkeypatch.setattr(engine, "_patch_tile", lambda *_, **__: {"BLOCK_D": 1, "BLOCK_H": 1, "BLOCK_W": 2, "BLOCK_C": 1,
+                                                                      "num_warps": 1})
+        monkeypatch.setattr(engine, "_blocks", lambda *_, **__: (16, 1))
+    try:
+        return gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=deterministic)[0]
+    finally:
+        monkeypatch.undo()
+
+
+def test_deterministic_dx_does_not_depend_on_how_work_is_split(monkeypatch):
+    """Repeating a run cannot show non-determinism here: the interpreter runs programs (and
+    their atomics) in order. Changing how many points each program takes reorders the fast
+    mode's additions, as a GPU's scheduling does; the deterministic dx must not move a bit."""
+    grad, x, grid = _on(DEVICE, *make_case(1, 2, (3, 3, 3), (6, 7, 8), torch.float32, seed=3))
+    fast = [_dx_with_tiles(monkeypatch, small, grad, x, grid, False) for small in (True, False)]
+    assert not torch.equal(*fast), "the case must be sensitive to the order of additions"
+    exact = [_dx_with_tiles(monkeypatch, small, grad, x, grid, True) for small in (True, False)]
+    assert torch.equal(*exact)
+
+
+@cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
-def test_deterministic_mode_is_bitwise_reproducible(dtype):
-    grad, x, grid = _on(DEVICE, *make_case(1, 6, (4, 5, 6), (12, 10, 11), dtype, seed=3))
+def test_cuda_deterministic_mode_is_bitwise_reproducible(dtype):
+    grad, x, grid = _on("cuda", *make_case(1, 6, (4, 5, 6), (12, 10, 11), dtype, seed=3))
     first = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
     for _ in range(3):
         again = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("dtype, bits", [(torch.float16, 10), (torch.bfloat16, 7)], ids=["f16", "bf16"])
+def test_deterministic_half_dx_is_summed_in_float64_and_rounded_once(dtype, bits):
+    """Three points add 1, 2^-(bits+1) (half an ulp of 1) and 2^-24 * 2^-6 into voxel 0.
+
+    The exact sum lies just above the tie between 1 and 1 + 2^-bits, so it rounds up. A
+    float32 sum loses the last term (far below float32's ulp of 1) and lands on the tie,
+    which rounds to even: 1. So does float64 rounded to float32 first."""
+    side = 2  # align_corners: index = (g + 1) / 2
+    grid = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [1 - 2.0**-5, -1.0, -1.0]])  # the last: index 1 - 2^-6
+    grad = torch.tensor([1.0, 2.0 ** -(bits + 1), 2.0**-24])
+    grid, grad = grid.view(1, 1, 1, 3, 3).to(dtype), grad.view(1, 1, 1, 1, 3).to(dtype)
+    x = torch.zeros(1, 1, side, side, side, dtype=dtype)
+    grad, x, grid = _on(DEVICE, grad, x, grid)
+    dx, _ = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", True, backend="triton",
+                                       deterministic=True)
+    assert dx[0, 0, 0, 0, 0].item() == 1 + 2.0**-bits
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_deterministic_dx_sums_long_buckets_in_chunks(monkeypatch, mode):
+    """Border padding of a grid far outside piles points into the corner cells. Buckets longer
+    than the chunk size (4 here) are summed as partial sums of 4 points, then chunk by chunk."""
+    monkeypatch.setattr(engine, "_BUCKET_CHUNK", 4)
+    chunked = []
+    chunks = engine._chunks
+    monkeypatch.setattr(engine, "_chunks", lambda *args: chunked.append(chunks(*args)) or chunked[-1])
+    grad, x, grid = _on(DEVICE, *make_case(1, 3, (3, 4, 3), (5, 6, 7), torch.float32, seed=9, low=-3.0, high=3.0))
+    dx, _ = assert_backward_matches(grad, x, grid, mode, "border", False, backend="triton", label="chunked",
+                                    deterministic=True)
+    assert chunked[0] is not None and chunked[0][1].numel() > 10
+    again, _ = gs.grid_sampler3d_backward(grad, x, grid, mode, "border", backend="triton", deterministic=True)
+    assert torch.equal(dx, again)
 
 
 def test_dgrid_is_the_same_in_both_modes():
@@ -88,7 +148,7 @@ def test_deterministic_none_follows_torch_flag(monkeypatch):
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
 def test_every_output_element_is_written(monkeypatch, mode, deterministic):
     """Outputs are allocated NaN-poisoned; any element a kernel misses shows up against the golden."""
     for name in ("empty", "empty_like"):
@@ -114,14 +174,80 @@ def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
     assert reason is not None and "TRITON_INTERPRET" in reason
 
 
-def test_every_kernel_compiles_for_a_gpu():
-    """The interpreter skips the compiler; compile each kernel for sm_90 (no GPU needed) in a clean process."""
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """What tests/gpu_compile.py finds in each kernel compiled for sm_90 (no GPU needed), in a clean process.
+
+    The interpreter skips the compiler, so what only generated code shows is checked here."""
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    environment["TRITON_DEFAULT_FP_FUSION"] = "1"
+    findings = tmp_path_factory.mktemp("compiled") / "kernels.json"
     script = Path(__file__).with_name("gpu_compile.py")
-    result = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run([sys.executable, str(script), "--json", str(findings)], env=environment,
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert result.stdout.count("compiled ") == 12
+    return json.loads(findings.read_text())
+
+
+def test_every_kernel_compiles_for_a_gpu(compiled):
+    from gridsampler3d.gpu import backward, bicubic, forward
+
+    kernels = {name for module in (forward, backward, bicubic) for name in vars(module) if name.endswith("_kernel")}
+    assert {record["kernel"] for record in compiled} == kernels
+
+
+def test_size_products_and_offsets_are_int64(compiled):
+    """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
+    wrapping = {f"{record['kernel']} {record['constants']}": record["int32_multiplies"] for record in compiled
+                if record["int32_multiplies"]}
+    assert not wrapping
+
+
+def test_reflection_remainder_is_an_exact_fmod(compiled):
+    """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
+    reflecting = [record for record in compiled if "PADDING=2" in record["constants"]]
+    assert reflecting
+    for record in compiled:
+        assert record["float_remainders"]["remf"] == 0, record["kernel"]
+    for record in reflecting:
+        assert record["float_remainders"]["fmod"] > 0, record["kernel"]
+
+
+def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
+    """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
+    gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
+               and record["pointers"]["dx_ptr"] in ("fp16", "bf16")]
+    assert {record["pointers"]["dx_ptr"] for record in gathers} == {"fp16", "bf16"}
+    for record in gathers:
+        half = "f16" if record["pointers"]["dx_ptr"] == "fp16" else "bf16"
+        assert f"cvt.rn.{half}.f64" in record["conversions"], record["conversions"]
+        assert "cvt.rn.f32.f64" not in record["conversions"], record["conversions"]
+
+
+def test_check_runs_triton_in_both_modes():
+    from gridsampler3d.check import _variants
+
+    assert _variants(["numba", "triton"]) == [("numba", "numba", None), ("triton/fast", "triton", False),
+                                             ("triton/det", "triton", True)]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the dry run is for machines without a GPU")
+def test_device_check_dry_run_writes_every_phase(tmp_path):
+    """benchmarks/gpu_check.py through the interpreter at tiny sizes: every phase runs and is written."""
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "40",
+                             "--cases", "reg256", "--out", str(tmp_path)], env=environment, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["phases_done"] == ["machine", "speed", "registers", "correctness", "determinism"]
+    assert [row["case"] for row in report["speed"]] == ["reg256"] and "error" not in report["speed"][0]
+    assert set(report["speed"][0]["times_ms"]) >= {"fwd_ours", "bwd_fast", "bwd_det", "bwd_fast_dx", "bwd_det_dx",
+                                                     "bwd_fast_dgrid", "bwd_torch_dgrid"}
+    assert report["correctness"]["checked"] >= 2 and not report["correctness"]["failures"]
+    assert report["determinism"]["deterministic_bitwise"]
+    assert "| reg256 |" in (tmp_path / "gpu_check.md").read_text()
 
 
 @cuda
@@ -169,6 +295,8 @@ def test_cuda_offsets_beyond_int32(deterministic):
     grid = torch.stack(torch.meshgrid(centres, centres, centres, indexing="ij"), dim=-1).flip(-1)
     grid = grid.to(torch.float32).cuda().unsqueeze(0)  # (1, 2, 2, 2, 3): the last 2x2x2 voxel centres
     y = gs.grid_sampler3d(x, grid)
+    # The float32 centres (2i + 1) / 1300 - 1 unnormalise to i plus a few float32 ulps of
+    # 1300, so each weight is 1 only to about 1e-4: 1e-3 still tells a right voxel from a wrong one.
     assert torch.allclose(y[0, 0], corner, atol=1e-3)
     dx, dgrid = gs.grid_sampler3d_backward(torch.ones_like(y), x, grid, deterministic=deterministic)
     assert torch.allclose(dx[0, 0, -2:, -2:, -2:], torch.ones_like(corner), atol=1e-3)

@@ -19,7 +19,7 @@ class BenchCase:
     channels: int
     in_size: int
     out_size: int
-    grid_kind: str  # warp | affine | uniform | identity
+    grid_kind: str  # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped)
     mode: str
     padding: str
     align_corners: bool
@@ -70,6 +70,8 @@ def _grid(case: BenchCase, out_size: int) -> torch.Tensor:
         return cases.random_affine_grid(case.batch, out_size, seed=2, align_corners=case.align_corners)
     if case.grid_kind == "uniform":
         return cases.uniform_grid(case.batch, out_size, -1.1, 1.1, seed=3)
+    if case.grid_kind == "wide":
+        return cases.uniform_grid(case.batch, out_size, -3.0, 3.0, seed=4)
     if case.grid_kind == "identity":
         return cases.identity_grid(case.batch, out_size, case.align_corners)
     raise ValueError(f"unknown grid kind {case.grid_kind!r}")

@@ -16,79 +16,84 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import NEAREST, base_corner, point_indices, point_offset, tap_weight
+from .coords import (NEAREST, base_corner, cell_taps, linear_weight, point_indices, point_offset, tap_weight, tile_points,
+                     wide)
 
 
 @triton.jit
 def grid_sampler3d_bwd_kernel(
     grad_ptr, x_ptr, grid_ptr, dx_ptr, dgrid_ptr,
-    points, channels, depth, height, width, out_depth, out_height, out_width,
+    channels, depth, height, width, out_depth, out_height, out_width,
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
     INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """dx += grad pushed through the taps (atomics, WANT_DX); dgrid (N, Do, Ho, Wo, 3) contiguous (WANT_DGRID).
 
-    ``dx`` is zeroed by the caller and has the accumulation dtype ``ACC``; every program
-    loops over all channels so that its dgrid sums are complete.
+    Launch grid: ``coords.tile_points``, as the forward. ``dx`` is zeroed by the
+    caller and has the accumulation dtype ``ACC``; every program loops over all channels
+    (``BLOCK_C`` at a time: 1 for NCDHW, lanes along points) so that its dgrid sums are
+    complete. Taps, weights and offsets are computed once per point, before that loop.
     """
-    point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    point_mask = point < points
-    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                               grid_stride_h, grid_stride_w)
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
+    n, d, h, w, point_mask = tile_points(out_depth, out_height, out_width, BLOCK_D, BLOCK_H, BLOCK_W)
+    grid_offset = n * grid_stride_n + d * grid_stride_d + h * grid_stride_h + w * grid_stride_w
     ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
                                            PADDING, ALIGN_CORNERS, False)
-    batch = point // (out_depth * out_height * out_width)
-    grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
-                               grad_stride_h, grad_stride_w)
+    x_offsets, insides, weights = cell_taps(ix, iy, iz, depth, height, width, x_stride_d, x_stride_h, x_stride_w,
+                                            INTERPOLATION, ACC)
+    dx_offsets, _, _ = cell_taps(ix, iy, iz, depth, height, width, dx_stride_d, dx_stride_h, dx_stride_w,
+                                 INTERPOLATION, ACC)
+    # Per-axis weights of the low and high taps, float64, for dgrid.
     x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
+    weights_x = (tap_weight(ix, x0, 0), tap_weight(ix, x0, 1))
+    weights_y = (tap_weight(iy, y0, 0), tap_weight(iy, y0, 1))
+    weights_z = (tap_weight(iz, z0, 0), tap_weight(iz, z0, 1))
+    grad_points = grad_ptr + n * grad_stride_n + d * grad_stride_d + h * grad_stride_h + w * grad_stride_w
+    x_item = x_ptr + n * x_stride_n
+    dx_item = dx_ptr + n * dx_stride_n
     # dgrid sums many terms of both signs, where float32 loses most: it is summed in float64.
-    grad_x = tl.zeros([BLOCK_P], tl.float64)
-    grad_y = tl.zeros([BLOCK_P], tl.float64)
-    grad_z = tl.zeros([BLOCK_P], tl.float64)
+    grad_x = tl.zeros([BLOCK_D * BLOCK_H * BLOCK_W], tl.float64)
+    grad_y = tl.zeros([BLOCK_D * BLOCK_H * BLOCK_W], tl.float64)
+    grad_z = tl.zeros([BLOCK_D * BLOCK_H * BLOCK_W], tl.float64)
     for first_channel in range(0, channels, BLOCK_C):
         channel = first_channel + tl.arange(0, BLOCK_C).to(tl.int64)
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
-        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask,
-                       other=0.0).to(ACC)
+        grad = tl.load(grad_points[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask, other=0.0).to(ACC)
         grad_wide = grad.to(tl.float64)
-        if INTERPOLATION == NEAREST:
-            inside = (x0 >= 0) & (x0 < width) & (y0 >= 0) & (y0 < height) & (z0 >= 0) & (z0 < depth)
-            offset = batch * dx_stride_n + z0 * dx_stride_d + y0 * dx_stride_h + x0 * dx_stride_w
-            tl.atomic_add(dx_ptr + offset[:, None] + (channel * dx_stride_c)[None, :], grad,
-                          mask=tile_mask & inside[:, None], sem="relaxed")
-        else:
-            for tap in tl.static_range(8):
-                step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
-                cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
-                inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
-                tap_mask = tile_mask & inside[:, None]
-                wx = tap_weight(ix, x0, step_x)
-                wy = tap_weight(iy, y0, step_y)
-                wz = tap_weight(iz, z0, step_z)
-                if WANT_DX:
-                    offset = batch * dx_stride_n + cz * dx_stride_d + cy * dx_stride_h + cx * dx_stride_w
-                    tl.atomic_add(dx_ptr + offset[:, None] + (channel * dx_stride_c)[None, :],
-                                  grad * (wx * wy * wz).to(ACC)[:, None], mask=tap_mask, sem="relaxed")
-                if WANT_DGRID:
-                    offset = batch * x_stride_n + cz * x_stride_d + cy * x_stride_h + cx * x_stride_w
-                    value = tl.load(x_ptr + offset[:, None] + (channel * x_stride_c)[None, :], mask=tap_mask,
-                                    other=0.0).to(tl.float64)
-                    # d weight / d index is +-1 along the stepped axis times the other two weights.
-                    # Each term is value * w * w * grad, PyTorch's order, so that one channel per
-                    # block (float64) sums exactly as PyTorch does. An outside tap contributes
-                    # nothing, not even 0 * an infinite grad.
-                    term_x = tl.sum(tl.where(tap_mask, value * wy[:, None] * wz[:, None] * grad_wide, 0.0), axis=1)
-                    term_y = tl.sum(tl.where(tap_mask, value * wx[:, None] * wz[:, None] * grad_wide, 0.0), axis=1)
-                    term_z = tl.sum(tl.where(tap_mask, value * wx[:, None] * wy[:, None] * grad_wide, 0.0), axis=1)
-                    grad_x += term_x if step_x else -term_x
-                    grad_y += term_y if step_y else -term_y
-                    grad_z += term_z if step_z else -term_z
+        for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
+            step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+            tap_mask = tile_mask & insides[tap][:, None]
+            if WANT_DX:
+                if INTERPOLATION == NEAREST:
+                    contribution = grad
+                else:
+                    contribution = grad * weights[tap][:, None]
+                tl.atomic_add(dx_item + dx_offsets[tap][:, None] + (channel * dx_stride_c)[None, :], contribution,
+                              mask=tap_mask, sem="relaxed")
+            if WANT_DGRID:
+                value = tl.load(x_item + x_offsets[tap][:, None] + (channel * x_stride_c)[None, :], mask=tap_mask,
+                                other=0.0).to(tl.float64)
+                wx = weights_x[tap & 1][:, None]
+                wy = weights_y[(tap >> 1) & 1][:, None]
+                wz = weights_z[tap >> 2][:, None]
+                # d weight / d index is +-1 along the stepped axis times the other two weights.
+                # Each term is value * w * w * grad, PyTorch's order, so that one channel per
+                # block (float64) sums exactly as PyTorch does. An outside tap contributes
+                # nothing, not even 0 * an infinite grad.
+                term_x = tl.sum(tl.where(tap_mask, value * wy * wz * grad_wide, 0.0), axis=1)
+                term_y = tl.sum(tl.where(tap_mask, value * wx * wz * grad_wide, 0.0), axis=1)
+                term_z = tl.sum(tl.where(tap_mask, value * wx * wy * grad_wide, 0.0), axis=1)
+                grad_x += term_x if step_x else -term_x
+                grad_y += term_y if step_y else -term_y
+                grad_z += term_z if step_z else -term_z
     if WANT_DGRID:
-        out = dgrid_ptr + point * 3
+        out = dgrid_ptr + (((n * out_depth + d) * out_height + h) * out_width + w) * 3
         tl.store(out, grad_x * mx, mask=point_mask)
         tl.store(out + 1, grad_y * my, mask=point_mask)
         tl.store(out + 2, grad_z * mz, mask=point_mask)
@@ -105,6 +110,8 @@ def bucket_keys_kernel(
     Corners run from -1 (stored as 0) so that every cell with a tap inside has a key; a
     point with none gets N*(D+1)*(H+1)*(W+1), which sorts last and belongs to no voxel.
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
     grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
@@ -123,19 +130,23 @@ def bucket_keys_kernel(
 
 @triton.jit
 def dx_gather_kernel(
-    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr,
+    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr, chunk_starts_ptr, partials_ptr,
     voxels, channels, depth, height, width, out_depth, out_height, out_width,
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
     INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
 
     ``order`` lists point indices sorted (stably) by key; ``starts[k]`` is where key k's
-    bucket begins in it (``starts[k + 1]`` where it ends).
+    bucket begins in it (``starts[k + 1]`` where it ends). With ``SPLIT``, a bucket with
+    chunks (``chunk_starts[k]`` .. ``chunk_starts[k + 1]``) is summed from their partial
+    sums (:func:`bucket_partials_kernel`), in chunk order, instead of point by point.
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     voxel_mask = voxel < voxels
@@ -151,6 +162,15 @@ def dx_gather_kernel(
         key = ((batch * (depth + 1) + vz - step_z + 1) * (height + 1) + vy - step_y + 1) * (width + 1) + vx - step_x + 1
         first = tl.load(starts_ptr + key, mask=voxel_mask, other=0)
         count = tl.load(starts_ptr + key + 1, mask=voxel_mask, other=0) - first
+        if SPLIT:
+            first_chunk = tl.load(chunk_starts_ptr + key, mask=voxel_mask, other=0).to(tl.int64)
+            chunks = tl.load(chunk_starts_ptr + key + 1, mask=voxel_mask, other=0) - first_chunk
+            count = tl.where(chunks > 0, 0, count)
+            for chunk in range(0, tl.max(chunks, axis=0)):
+                live = (voxel_mask & (chunk < chunks))[:, None] & channel_mask
+                partial = ((first_chunk + chunk) * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels \
+                    + channel[None, :]
+                total += tl.load(partials_ptr + partial, mask=live, other=0.0)
         for k in range(0, tl.max(count, axis=0)):
             live = voxel_mask & (k < count)
             point = tl.load(order_ptr + first + k, mask=live, other=0)
@@ -172,3 +192,53 @@ def dx_gather_kernel(
     out_offset = batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w
     tl.store(dx_ptr + out_offset[:, None] + (channel * dx_stride_c)[None, :], total,
              mask=voxel_mask[:, None] & channel_mask)
+
+
+@triton.jit
+def bucket_partials_kernel(
+    grad_ptr, grid_ptr, partials_ptr, order_ptr, chunk_first_ptr, chunk_count_ptr,
+    chunks, channels, depth, height, width, out_depth, out_height, out_width,
+    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
+    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """partials (chunks, taps, C) in ``ACC``: per chunk of at most CHUNK consecutive entries
+    of a long bucket (``order[chunk_first] ..``, ``chunk_count`` of them), per tap, the sum of
+    grad * weight in point order. Launch grid: (cdiv(chunks, BLOCK_K), taps, cdiv(C, BLOCK_C)).
+
+    A bucket with 10^5 points (border padding piles them into corner cells) is then summed
+    by many lanes, CHUNK points each, and its voxels add the partial sums in chunk order:
+    a fixed order, so still the same on every run.
+    """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
+    chunk = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    tap = tl.program_id(1)
+    channel = tl.program_id(2).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chunk_mask = chunk < chunks
+    channel_mask = (channel < channels)[None, :]
+    first = tl.load(chunk_first_ptr + chunk, mask=chunk_mask, other=0).to(tl.int64)
+    count = tl.load(chunk_count_ptr + chunk, mask=chunk_mask, other=0)
+    total = tl.zeros([BLOCK_K, BLOCK_C], ACC)
+    for k in range(0, CHUNK):
+        live = chunk_mask & (k < count)
+        point = tl.load(order_ptr + first + k, mask=live, other=0)
+        grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
+                                   grad_stride_h, grad_stride_w)
+        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
+                       mask=live[:, None] & channel_mask, other=0.0).to(ACC)
+        if INTERPOLATION == NEAREST:
+            total += grad
+        else:
+            grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
+                                       grid_stride_h, grid_stride_w)
+            ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width,
+                                                PADDING, ALIGN_CORNERS, False)
+            # The same product, in the same order, as dx_gather_kernel's.
+            weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), tap & 1)
+                      * linear_weight(iy, base_corner(iy, INTERPOLATION), (tap >> 1) & 1)
+                      * linear_weight(iz, base_corner(iz, INTERPOLATION), tap >> 2))
+            total += grad * weight.to(ACC)[:, None]
+    partial = (chunk * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels + channel[None, :]
+    tl.store(partials_ptr + partial, total, mask=chunk_mask[:, None] & channel_mask)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset, unnormalize
+from .coords import cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset, unnormalize, wide
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def _grid_point(grid_ptr, offset, step, mask, depth, height, width, ALIGN_CORNER
     """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64."""
     ix, mx = unnormalize(tl.load(grid_ptr + offset, mask=mask, other=0.0), width, ALIGN_CORNERS)
     iy, my = unnormalize(tl.load(grid_ptr + offset + step, mask=mask, other=0.0), height, ALIGN_CORNERS)
-    iz, mz = unnormalize(tl.load(grid_ptr + offset + 2 * step, mask=mask, other=0.0), depth, ALIGN_CORNERS)
+    iz, mz = unnormalize(tl.load(grid_ptr + offset + 2 * wide(step), mask=mask, other=0.0), depth, ALIGN_CORNERS)
     return ix, iy, iz, tl.floor(ix), tl.floor(iy), tl.floor(iz), mx, my, mz
 
 
@@ -40,6 +40,8 @@ def bicubic_fwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3), summed in ``ACC``."""
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     point_mask = point < points
@@ -82,6 +84,8 @@ def bicubic_bwd_kernel(
     WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer) and/or dgrid (contiguous, float64 sums)."""
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
     grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
@@ -159,6 +163,8 @@ def bicubic_tap_keys_kernel(
 ):
     """keys[64 * q + tap] (int64): the voxel (n, z, y, x) that tap ``tap`` of point first_point + q lands in,
     or ``voxels`` (N * D * H * W, past every voxel) when it lands outside; points up to ``last_point``."""
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     local = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point = first_point + local
     point_mask = point < last_point
@@ -194,6 +200,8 @@ def bicubic_dx_gather_kernel(
     voxel; ``starts[v]`` .. ``starts[v + 1]`` is voxel v's run. The first chunk starts
     from zero, later ones from what dx holds.
     """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     voxel_mask = voxel < voxels

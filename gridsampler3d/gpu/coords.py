@@ -8,8 +8,11 @@ nothing else for coordinates.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 INT_MAX = tl.constexpr(2147483647)
 INT_MIN = tl.constexpr(-2147483648)
@@ -17,6 +20,9 @@ OUT_OF_RANGE = tl.constexpr(-100.0)
 # 1.5 * 2**52: (x + ROUNDER) - ROUNDER rounds x to the nearest integer, ties to even (C
 # nearbyint), for |x| < 2**51, which every index is after safe_range.
 ROUNDER = tl.constexpr(6755399441055744.0)
+
+# Triton's interpreter has no libdevice; its % on floats is NumPy's fmod, which is C fmod.
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 # The values of modes.Interpolation / Padding, as compile-time constants.
 BILINEAR = tl.constexpr(0)
@@ -27,15 +33,28 @@ REFLECTION = tl.constexpr(2)
 
 
 @triton.jit
+def wide(value):
+    """``value`` as int64. Integer kernel arguments arrive as int32 when they fit, and a
+    product of two of them is an int32 multiply that wraps past 2**31: every size is
+    widened once, at the top of a kernel, before it enters a product or an offset."""
+    return tl.cast(value, tl.int64)
+
+
+@triton.jit
 def reflect(index, twice_low, twice_high):
     """Reflect about [twice_low / 2, twice_high / 2] (float64): (index, gradient sign)."""
-    low = twice_low / 2.0
-    span = (twice_high - twice_low) / 2.0
+    # * 0.5 is exact (and bit-identical to / 2.0) without a division.
+    low = twice_low * 0.5
+    span = (twice_high - twice_low) * 0.5
     shifted = index - low
     sign = tl.where(shifted < 0, -1.0, 1.0)
     shifted = tl.abs(shifted)
-    # shifted >= 0 and span > 0, so % (C fmod) is exact here.
-    extra = shifted % span
+    # C fmod, exact. Compiled, Triton's % on floats is x - trunc(x / y) * y, which is off
+    # by a whole span when x / y rounds up to an integer (x a few ulps below k * span).
+    if INTERPRETED:
+        extra = shifted % span
+    else:
+        extra = libdevice.fmod(shifted, span)
     flips = tl.floor(shifted / span)
     # C++ casts the flip count to int: past INT_MAX (or NaN) it is INT_MIN, which is even.
     flips = tl.where(flips <= INT_MAX, flips, 0.0)
@@ -56,11 +75,11 @@ def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
-        index = (coord + 1.0) / 2.0 * (extent - 1.0)
-        multiplier = tl.zeros_like(coord) + (extent - 1.0) / 2.0
+        index = (coord + 1.0) * 0.5 * (extent - 1.0)
+        multiplier = tl.zeros_like(coord) + (extent - 1.0) * 0.5
     else:
-        index = ((coord + 1.0) * extent - 1.0) / 2.0
-        multiplier = tl.zeros_like(coord) + extent / 2.0
+        index = ((coord + 1.0) * extent - 1.0) * 0.5
+        multiplier = tl.zeros_like(coord) + extent * 0.5
     if PADDING == REFLECTION:
         if ALIGN_CORNERS:
             index, sign = reflect(index, 0.0, 2.0 * (extent - 1.0))
@@ -87,7 +106,7 @@ def point_indices(grid_ptr, offset, step, mask, depth, height, width, PADDING: t
     """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart)."""
     gx = tl.load(grid_ptr + offset, mask=mask, other=0.0)
     gy = tl.load(grid_ptr + offset + step, mask=mask, other=0.0)
-    gz = tl.load(grid_ptr + offset + 2 * step, mask=mask, other=0.0)
+    gz = tl.load(grid_ptr + offset + 2 * wide(step), mask=mask, other=0.0)
     ix, mx = source_index(gx, width, PADDING, ALIGN_CORNERS, FORWARD)
     iy, my = source_index(gy, height, PADDING, ALIGN_CORNERS, FORWARD)
     iz, mz = source_index(gz, depth, PADDING, ALIGN_CORNERS, FORWARD)
@@ -117,6 +136,51 @@ def tap_weight(index, corner, STEP: tl.constexpr):
 
 
 @triton.jit
+def linear_weight(index, corner, step):
+    """:func:`tap_weight` for a run-time ``step`` (0 or 1): the same float64 value."""
+    return tl.where(step == 1, index - corner.to(tl.float64), (corner + 1).to(tl.float64) - index)
+
+
+@triton.jit
+def cell_taps(ix, iy, iz, depth, height, width, stride_d, stride_h, stride_w, INTERPOLATION: tl.constexpr,
+              WEIGHT: tl.constexpr):
+    """The taps of points at indices (ix, iy, iz), as three tuples over taps: offset (int64, within
+    a batch item), inside (bool) and weight (the float64 product rounded once to ``WEIGHT``;
+    trilinear only). Trilinear has 8 taps in PyTorch's order (bit 0 steps x, bit 1 y, bit 2 z),
+    nearest one. Computed once per point, used by every channel."""
+    x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
+    offsets, insides, weights = (), (), ()
+    for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
+        step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
+        cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
+        offsets = offsets + (cz * stride_d + cy * stride_h + cx * stride_w,)
+        insides = insides + ((cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth),)
+        weight = tap_weight(ix, x0, step_x) * tap_weight(iy, y0, step_y) * tap_weight(iz, z0, step_z)
+        weights = weights + (weight.to(WEIGHT),)
+    return offsets, insides, weights
+
+
+@triton.jit
+def tile_points(out_depth, out_height, out_width, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                BLOCK_W: tl.constexpr):
+    """This program's output points: (n, d, h, w, mask), n a scalar, d, h, w int64 vectors.
+
+    Programs tile each batch item of the output in BLOCK_D x BLOCK_H x BLOCK_W patches
+    (launch grid: (N * cdiv(Do, BLOCK_D) * cdiv(Ho, BLOCK_H), cdiv(Wo, BLOCK_W))), so the
+    only divisions by a size are a few per program; a point's d, h and w come from its lane
+    by shifts and masks. A wide output gives patches of one row (BLOCK_D = BLOCK_H = 1).
+    """
+    h_blocks = tl.cdiv(out_height, BLOCK_H)
+    d_blocks = tl.cdiv(out_depth, BLOCK_D)
+    program = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, BLOCK_D * BLOCK_H * BLOCK_W)
+    w = tl.program_id(1).to(tl.int64) * BLOCK_W + lane % BLOCK_W
+    h = (program % h_blocks) * BLOCK_H + (lane // BLOCK_W) % BLOCK_H
+    d = ((program // h_blocks) % d_blocks) * BLOCK_D + lane // (BLOCK_W * BLOCK_H)
+    return program // (h_blocks * d_blocks), d, h, w, (d < out_depth) & (h < out_height) & (w < out_width)
+
+
+@triton.jit
 def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, stride_h, stride_w):
     """Element offset (int64) of output point ``point`` (flat over N, Do, Ho, Wo) in a tensor with these strides."""
     w = point % out_width
@@ -134,8 +198,8 @@ def unnormalize(coord, size, ALIGN_CORNERS: tl.constexpr):
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
-        return (coord + 1.0) / 2.0 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) / 2.0
-    return ((coord + 1.0) * extent - 1.0) / 2.0, tl.zeros_like(coord) + extent / 2.0
+        return (coord + 1.0) * 0.5 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) * 0.5
+    return ((coord + 1.0) * extent - 1.0) * 0.5, tl.zeros_like(coord) + extent * 0.5
 
 
 # The cubic convolution constant A = -0.75 is a local in each helper: a constexpr global on

@@ -2,8 +2,9 @@
 
 Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported), which is how the kernels are tested without a GPU.
-float16 and bfloat16 accumulate in float32; float32 in float32; float64 in float64;
-indices and weights are computed in float64 throughout.
+float16 and bfloat16 accumulate in float32 in the forward and in the fast (atomic) dx, and
+in float64, rounded once, in the deterministic dx (SPEC section 4); float32 in float32;
+float64 in float64. Indices and weights are computed in float64 throughout.
 """
 from __future__ import annotations
 
@@ -33,14 +34,39 @@ def _kernels():
     return forward, backward, bicubic
 
 
+# Points per partial sum of a long bucket in the deterministic trilinear dx (a bucket longer
+# than this is summed in chunks of it, one lane each, then chunk by chunk).
+_BUCKET_CHUNK = 256
 # Entries (point, tap) per chunk of the deterministic bicubic dx: bounds its sort's memory.
 _BICUBIC_CHUNK_ENTRIES = 1 << 26
 
 
-def _accumulator(dtype: torch.dtype):
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _accumulator(dtype: torch.dtype, exact_half: bool = False):
+    """Triton dtype of sums for data of ``dtype``: float64 for float64, and for half types
+    where ``exact_half`` (a sum rounded to half precision once: SPEC section 4); else float32."""
     import triton.language as tl
 
-    return tl.float64 if dtype == torch.float64 else tl.float32
+    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in _HALF) else tl.float32
+
+
+def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``values`` rounded to ``dtype`` once, to nearest even.
+
+    torch converts float64 to float16 / bfloat16 through float32, which rounds twice (a
+    value just above a half-precision tie lands on the tie, then rounds to even). Rounding
+    to float32 by truncation with the last bit set where anything was cut off ("round to
+    odd") keeps that information, and the second rounding is then exact.
+    """
+    if values.dtype == dtype or dtype not in _HALF:
+        return values.to(dtype)
+    single = values.to(torch.float32)
+    overshot = single.to(torch.float64).abs() > values.abs()
+    single = torch.where(overshot, torch.nextafter(single, torch.zeros_like(single)), single)
+    inexact = (single.to(torch.float64) != values).to(torch.int32)
+    return (single.view(torch.int32) | inexact).view(torch.float32).to(dtype)
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -53,23 +79,101 @@ def _store_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 and interpreter_enabled() else dtype
 
 
+def _exact_store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a float64 sum meant for ``dtype`` is written in: :func:`_store_dtype`, but
+    float64 where that would be float32 (rounding to it first would round twice)."""
+    return torch.float64 if _store_dtype(dtype) != dtype else dtype
+
+
 def _fusion(dtype: torch.dtype) -> dict:
     """Launch option: float64 keeps multiplies and adds unfused, so that its sums follow the
     reference's (and PyTorch's) rounding; other dtypes let the compiler fuse them."""
     return {"enable_fp_fusion": dtype != torch.float64}
 
 
-def _blocks(channels: int, tile: int = 2048) -> tuple[int, int]:
-    """(points, channels) per program: up to 16 channels wide, about ``tile`` elements in all."""
-    block_c = 1
-    while block_c < min(channels, 16):
-        block_c *= 2
-    block_p = max(16, min(256, tile // block_c))
-    return block_p, block_c
+def _channel_block(x: torch.Tensor, widest: int = 16) -> int:
+    """Channels per program step: 1 unless x's channels are adjacent in memory (channels-last),
+    where one load reads a tap's channel vector (up to ``widest``)."""
+    import triton
+
+    return min(triton.next_power_of_2(x.shape[1]), widest) if x.shape[1] > 1 and x.stride(1) == 1 else 1
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _patch_tile(x: torch.Tensor, grid: torch.Tensor, elements: int) -> dict:
+    """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
+
+    NCDHW: one channel per step, lanes along points, ``elements`` points per program.
+    Channels-last: a channel vector per step, about ``elements`` elements per program.
+    Either way few enough that no thread spills (docs/gpu.md, registers). BLOCK_W follows
+    the output's width (idle lanes cost as much as busy ones); BLOCK_H, then BLOCK_D, fill
+    the rest of the patch. Under the interpreter, whose cost is per program and per
+    operation rather than per lane, patches are 8x larger.
+    """
+    import triton
+
+    block_c = _channel_block(x)
+    points = max(16, elements // block_c) * (8 if interpreter_enabled() else 1)
+    out_depth, out_height, out_width = grid.shape[1:4]
+    block_w = min(triton.next_power_of_2(out_width), points)
+    block_h = min(triton.next_power_of_2(out_height), points // block_w)
+    block_d = min(triton.next_power_of_2(out_depth), points // (block_w * block_h))
+    return {"BLOCK_D": block_d, "BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_C": block_c,
+            "num_warps": max(1, min(4, block_d * block_h * block_w * block_c // 32))}
+
+
+def _patch_grid(grid: torch.Tensor, tile: dict) -> tuple[int, int]:
+    """The launch grid of :func:`_patch_tile`'s patches (``coords.tile_points``)."""
+    import triton
+
+    batch, out_depth, out_height, out_width = grid.shape[:4]
+    return (batch * triton.cdiv(out_depth, tile["BLOCK_D"]) * triton.cdiv(out_height, tile["BLOCK_H"]),
+            triton.cdiv(out_width, tile["BLOCK_W"]))
+
+
+def _blocks(x: torch.Tensor, tile: int = 1024) -> tuple[int, int]:
+    """(voxels or points, channels) per program of the flat kernels: about ``tile`` elements
+    (8x more under the interpreter, as :func:`_patch_tile`)."""
+    block_c = _channel_block(x)
+    scale = 8 if interpreter_enabled() else 1
+    return max(16, min(256 * scale, tile * scale // block_c)), block_c
+
+
+def _index_dtype(count: int) -> torch.dtype:
+    """int32 for indices below ``count`` where they fit: a sort of int32 keys takes half the radix passes."""
+    return torch.int32 if count <= 2**31 else torch.int64
+
+
+def _bucket_starts(keys: torch.Tensor, buckets: int, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, counts): starts[k] .. starts[k + 1] is where key k's run lies in the stably
+    sorted keys (``buckets + 1`` values), counts[k] its length.
+
+    Counted, not searched: a histogram of the keys (integer counts: the same on every run,
+    and allowed under torch.use_deterministic_algorithms) and its running sum, instead of
+    a binary search per bucket.
+    """
+    counts = torch.bincount(keys, minlength=buckets)
+    starts = torch.zeros(buckets + 1, dtype=_index_dtype(entries + 1), device=keys.device)
+    torch.cumsum(counts, dim=0, out=starts[1:])
+    return starts, counts
+
+
+def _chunks(starts: torch.Tensor, counts: torch.Tensor, buckets: int, chunk: int):
+    """Buckets longer than ``chunk`` entries cut into chunks of ``chunk``: (chunk_starts, first, count) or None.
+
+    chunk_starts[k] .. chunk_starts[k + 1] are bucket k's chunks (none for a short bucket);
+    first[j] and count[j] are where chunk j begins in the sorted order and how long it is.
+    """
+    per_bucket = torch.where(counts[:buckets] > chunk, (counts[:buckets] + chunk - 1) // chunk, 0)
+    chunk_starts = torch.zeros(buckets + 1, dtype=starts.dtype, device=starts.device)
+    torch.cumsum(per_bucket, dim=0, out=chunk_starts[1:])
+    total = int(chunk_starts[-1])
+    if total == 0:
+        return None
+    bucket = torch.repeat_interleave(torch.arange(buckets, device=starts.device), per_bucket)
+    first = starts[bucket].to(torch.int64) + (torch.arange(total, device=starts.device)
+                                              - chunk_starts[bucket].to(torch.int64)) * chunk
+    count = torch.clamp(starts[bucket + 1].to(torch.int64) - first, max=chunk).to(torch.int32)
+    return chunk_starts, first, count
 
 
 def _on_device(device: torch.device):
@@ -93,26 +197,31 @@ class TritonBackend:
         return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        import triton
+
         forward, _, bicubic = _kernels()
         batch, channels = x.shape[:2]
         y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=_store_dtype(x.dtype), device=x.device,
                         memory_format=memory_format_of(x))
-        points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
-        block_p, block_c = _blocks(channels)
-        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners)
-        if interpolation == Interpolation.BICUBIC:
-            kernel = bicubic.bicubic_fwd_kernel
-        else:
-            kernel, modes["INTERPOLATION"] = forward.grid_sampler3d_fwd_kernel, int(interpolation)
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners, ACC=_accumulator(x.dtype), **_fusion(x.dtype))
+        sizes = (*x.shape[2:], *grid.shape[1:4])
+        strides = (*x.stride(), *grid.stride(), *y.stride())
         with _on_device(x.device):
-            kernel[(_cdiv(points, block_p), _cdiv(channels, block_c))](
-                x, grid, y, points, channels, *x.shape[2:], *grid.shape[1:4], *x.stride(), *grid.stride(),
-                *y.stride(), **modes, ACC=_accumulator(x.dtype), BLOCK_P=block_p, BLOCK_C=block_c,
-                **_fusion(x.dtype))
+            if interpolation == Interpolation.BICUBIC:
+                points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+                block_p, block_c = _blocks(x, tile=128)  # 128 points or 16 x 16 (point, channel): no spills
+                bicubic.bicubic_fwd_kernel[(triton.cdiv(points, block_p), triton.cdiv(channels, block_c))](
+                    x, grid, y, points, channels, *sizes, *strides, **modes, BLOCK_P=block_p, BLOCK_C=block_c)
+            else:
+                tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 512)
+                forward.grid_sampler3d_fwd_kernel[_patch_grid(grid, tile)](
+                    x, grid, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
         return y.to(x.dtype)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
+        import triton
+
         _, backward, bicubic = _kernels()
         want_dx, want_dgrid = output_mask
         batch, channels = x.shape[:2]
@@ -136,63 +245,93 @@ class TritonBackend:
             dx = torch.zeros_like(x, dtype=acc_dtype, memory_format=layout)
         with _on_device(x.device):
             if atomic_dx or kernel_dgrid:
-                block_p, block_c = _blocks(channels, tile=1024)
-                if x.dtype == torch.float64:
-                    block_c = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
                 target = dx if atomic_dx else x
-                kernel = bicubic.bicubic_bwd_kernel if is_bicubic else backward.grid_sampler3d_bwd_kernel
-                kernel[(_cdiv(points, block_p),)](
-                    grad, x, grid, target, dgrid if kernel_dgrid else grid, points, channels, *x.shape[2:],
-                    *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(), *target.stride(), **modes, ACC=acc,
-                    WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, BLOCK_P=block_p, BLOCK_C=block_c, **_fusion(x.dtype))
+                operands = (grad, x, grid, target, dgrid if kernel_dgrid else grid)
+                sizes_and_strides = (*x.shape[2:], *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(),
+                                     *target.stride())
+                flags = dict(modes, ACC=acc, WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, **_fusion(x.dtype))
+                if is_bicubic:
+                    block_p, block_c = _blocks(x, tile=128)
+                    if x.dtype == torch.float64:
+                        block_c = 1  # dgrid summed channel by channel: the reference's order, bit for bit
+                    bicubic.bicubic_bwd_kernel[(triton.cdiv(points, block_p),)](
+                        *operands, points, channels, *sizes_and_strides, **flags, BLOCK_P=block_p, BLOCK_C=block_c)
+                else:
+                    tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 256)
+                    if x.dtype == torch.float64:
+                        tile["BLOCK_C"] = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
+                    backward.grid_sampler3d_bwd_kernel[_patch_grid(grid, tile)](
+                        *operands, channels, *sizes_and_strides, **flags, **tile)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
-                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc)
+                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes)
             elif want_dx:
-                dx = self._gathered_dx(backward, grad, x, grid, points, modes, acc)
+                dx = self._gathered_dx(backward, grad, x, grid, points, modes)
         return dx, (dgrid.to(grid.dtype) if want_dgrid else None)
 
     @staticmethod
-    def _gathered_dx(backward, grad, x, grid, points, modes, acc):
-        """The deterministic dx: bucket points by their lowest corner, then gather per voxel."""
+    def _gathered_dx(backward, grad, x, grid, points, modes):
+        """The deterministic dx: bucket points by their lowest corner, then gather per voxel (half types: in float64)."""
+        import triton
+
         batch, channels, depth, height, width = x.shape
-        keys = torch.empty(points, dtype=torch.int64, device=x.device)
-        block_p = 256
-        backward.bucket_keys_kernel[(_cdiv(points, block_p),)](
-            grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
-        sorted_keys, order = torch.sort(keys, stable=True)
         buckets = batch * (depth + 1) * (height + 1) * (width + 1)
-        starts = torch.searchsorted(sorted_keys, torch.arange(buckets + 1, device=x.device), out_int32=points < 2**31)
-        dx = torch.empty_like(x, dtype=_store_dtype(x.dtype), memory_format=memory_format_of(x))
+        keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
+        block_p = 256
+        backward.bucket_keys_kernel[(triton.cdiv(points, block_p),)](
+            grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
+        order = torch.sort(keys, stable=True).indices
+        starts, counts = _bucket_starts(keys, buckets + 1, points)
+        acc = _accumulator(x.dtype, exact_half=True)
+        chunked = _chunks(starts, counts, buckets, _BUCKET_CHUNK)
+        block_v, block_c = _blocks(x, tile=128 if _channel_block(x) == 1 else 1024)  # 128 voxels NCDHW: no spills
+        sizes = (channels, depth, height, width, *grid.shape[1:4])
+        if chunked is None:
+            chunk_starts = partials = starts  # not read
+        else:
+            chunk_starts, first, count = chunked
+            taps = 1 if modes["INTERPOLATION"] == int(Interpolation.NEAREST) else 8
+            # In the accumulation dtype: float32 for float32, float64 otherwise.
+            partials = torch.empty(first.numel(), taps, channels, device=x.device,
+                                   dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
+            block_k = 64
+            backward.bucket_partials_kernel[(triton.cdiv(first.numel(), block_k), taps, triton.cdiv(channels, block_c))](
+                grad, grid, partials, order, first, count, first.numel(), *sizes, *grad.stride(), *grid.stride(),
+                **modes, ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c, **_fusion(x.dtype))
+        dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
-        block_v, block_c = _blocks(channels, tile=1024)
-        backward.dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
-            grad, grid, dx, order, starts, voxels, channels, depth, height, width, *grid.shape[1:4], *grad.stride(),
-            *grid.stride(), *dx.stride(), **modes, ACC=acc, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
-        return dx.to(x.dtype)
+        backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
+            grad, grid, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(), *grid.stride(),
+            *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v, BLOCK_C=block_c,
+            **_fusion(x.dtype))
+        return round_once(dx, x.dtype)
 
     @staticmethod
-    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes, acc):
-        """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather."""
+    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes):
+        """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather.
+
+        Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
+        import triton
+
         batch, channels, depth, height, width = x.shape
         voxels = batch * depth * height * width
-        dx = torch.empty_like(x, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+        acc = _accumulator(x.dtype, exact_half=True)
+        dx = torch.empty_like(x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
                               memory_format=memory_format_of(x))
         chunk = max(1, _BICUBIC_CHUNK_ENTRIES // 64)
         block_p = 64
-        block_v, block_c = _blocks(channels, tile=1024)
-        voxel_ids = torch.arange(voxels + 1, device=x.device)
+        block_v, block_c = _blocks(x)
         for first_point in range(0, points, chunk):
             count = min(chunk, points - first_point)
-            keys = torch.empty(count * 64, dtype=torch.int64, device=x.device)
-            bicubic.bicubic_tap_keys_kernel[(_cdiv(count, block_p),)](
+            keys = torch.empty(count * 64, dtype=_index_dtype(voxels + 1), device=x.device)
+            bicubic.bicubic_tap_keys_kernel[(triton.cdiv(count, block_p),)](
                 grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
                 **modes, BLOCK_P=block_p)
-            sorted_keys, order = torch.sort(keys, stable=True)
-            starts = torch.searchsorted(sorted_keys, voxel_ids, out_int32=True)
-            bicubic.bicubic_dx_gather_kernel[(_cdiv(voxels, block_v), _cdiv(channels, block_c))](
+            order = torch.sort(keys, stable=True).indices
+            starts, _ = _bucket_starts(keys, voxels + 1, count * 64)
+            bicubic.bicubic_dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
                 grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
                 *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
                 ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
-        return dx.to(x.dtype)
+        return round_once(dx, x.dtype)
