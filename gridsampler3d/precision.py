@@ -23,6 +23,7 @@ import torch
 
 from . import composite, reference
 from .layout import from_ncdhw, to_ncdhw
+from .rounding import round_once
 from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
@@ -79,7 +80,7 @@ def error_metrics(output: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype
     golden = golden.detach().to("cpu", torch.float64)
     if output.shape != golden.shape:
         raise ValueError(f"output shape {tuple(output.shape)} differs from golden {tuple(golden.shape)}")
-    rounded = golden.to(dtype).to(torch.float64)
+    rounded = round_once(golden, dtype).to(torch.float64)
     finite = torch.isfinite(rounded)
     # Outside `finite` the output must be the same NaN or the same infinity; inside it, finite.
     same_nonfinite = (output == rounded) | (torch.isnan(output) & torch.isnan(rounded))

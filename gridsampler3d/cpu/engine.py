@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..layout import memory_format_of
+from ..rounding import round_once
 from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
@@ -70,7 +71,7 @@ class NumbaBackend:
         else:
             kernel = forward_kernel(int(interpolation), int(padding), bool(align_corners))
             kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
-        return y.to(dtype=dtype, memory_format=layout)
+        return round_once(y, dtype).contiguous(memory_format=layout)
 
     @pool.exclusive
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
@@ -139,5 +140,5 @@ class NumbaBackend:
     @staticmethod
     def _finish(dx, dgrid, dtype, layout, output_mask):
         """Round the float32/float64 results into the caller's dtype and layout; None where not asked for."""
-        dx = dx.to(dtype=dtype, memory_format=layout) if output_mask[0] else None
-        return dx, (dgrid.to(dtype) if output_mask[1] else None)
+        dx = round_once(dx, dtype).contiguous(memory_format=layout) if output_mask[0] else None
+        return dx, (round_once(dgrid, dtype) if output_mask[1] else None)

@@ -16,6 +16,7 @@ import os
 import torch
 
 from ..layout import memory_format_of
+from ..rounding import round_once
 from ..modes import Interpolation, Padding
 
 __all__ = ["TritonBackend", "interpreter_enabled"]
@@ -50,23 +51,6 @@ def _accumulator(dtype: torch.dtype, exact_half: bool = False):
     import triton.language as tl
 
     return tl.float64 if dtype == torch.float64 or (exact_half and dtype in _HALF) else tl.float32
-
-
-def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 ``values`` rounded to ``dtype`` once, to nearest even.
-
-    torch converts float64 to float16 / bfloat16 through float32, which rounds twice (a
-    value just above a half-precision tie lands on the tie, then rounds to even). Rounding
-    to float32 by truncation with the last bit set where anything was cut off ("round to
-    odd") keeps that information, and the second rounding is then exact.
-    """
-    if values.dtype == dtype or dtype not in _HALF:
-        return values.to(dtype)
-    single = values.to(torch.float32)
-    overshot = single.to(torch.float64).abs() > values.abs()
-    single = torch.where(overshot, torch.nextafter(single, torch.zeros_like(single)), single)
-    inexact = (single.to(torch.float64) != values).to(torch.int32)
-    return (single.view(torch.int32) | inexact).view(torch.float32).to(dtype)
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
