@@ -90,3 +90,18 @@ def poisoned_allocations(fill=float("nan")):
         yield shapes
     finally:
         torch.empty, torch.empty_like = empty, empty_like
+
+def cancelling_channels_last_case():
+    """A case Hypothesis found: constant x, so every grid gradient is exactly 0, and two grad channels 14 orders apart.
+
+    PyTorch (float32 and float64) sums channels outer and taps inner, and its terms
+    cancel exactly; a sum that adds the channels inside each tap first leaves a float64
+    residue of 64 on the larger channel's scale, which the precision rule rejects when the
+    golden and the competitor are both exactly 0.
+    """
+    x = torch.full((1, 1, 2, 4, 4), 23.902585983276367)
+    grad = torch.zeros(1, 1, 2, 4, 4)
+    grad[0, 0, 1, 0, 0] = 84.22940826416016
+    grad[0, 0, 1, 0, 2] = 3.5403290866876416e16
+    grid = torch.full((1, 1, 2, 4, 3), 1.100000023841858)
+    return grad, x, grid

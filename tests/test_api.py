@@ -164,7 +164,10 @@ def _cases(draw):
     return tuple(torch.from_numpy(array).to(dtype) for array in (grad, x, grid)), data_format
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: CI must give the same verdict on every run; a case a random search finds is
+# kept as a test of its own (helpers.cancelling_channels_last_case came from here).
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=_cases(), attributes=st.sampled_from(MATRIX))
 def test_property_random_shapes_attributes_and_values(case, attributes, cpu_backend):
     (grad, x, grid), data_format = case

@@ -15,7 +15,7 @@ from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.plan import depth_ranges, is_coherent, plan_slabs, row_parts
-from helpers import MATRIX, make_case, matrix_id
+from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 
 def _with_nonfinite(grad, x, grid):
@@ -183,6 +183,13 @@ def test_hot_loops_stay_vectorised(padding):
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
         assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)
+
+
+def test_grid_gradient_cancels_as_pytorch_does():
+    """The separable sums take differences first, so constant data cancels exactly, as in PyTorch."""
+    grad, x, grid = cancelling_channels_last_case()
+    assert_backward_matches(grad, x, grid, "bilinear", "reflection", True, data_format="NDHWC", backend="numba",
+                            label="channels-last cancellation")
 
 
 @pytest.mark.slow
