@@ -24,8 +24,9 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """
     if values.dtype != torch.float64 or dtype not in _HALF:
         return values.to(dtype)
-    single = values.to(torch.float32)
-    overshot = single.to(torch.float64).abs() > values.abs()
-    single = torch.where(overshot, torch.nextafter(single, torch.zeros_like(single)), single)
-    inexact = (single.to(torch.float64) != values).to(torch.int32)
-    return (single.view(torch.int32) | inexact).view(torch.float32).to(dtype)
+    single = values.to(torch.float32)  # to nearest
+    back = single.to(torch.float64)
+    # Toward zero: one step down in magnitude where rounding went up (the bit pattern of a
+    # float counts magnitudes for either sign); then the sticky bit where anything was cut.
+    bits = single.view(torch.int32) - (back.abs() > values.abs()).to(torch.int32)
+    return (bits | (back != values).to(torch.int32)).view(torch.float32).to(dtype)
