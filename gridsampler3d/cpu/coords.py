@@ -7,10 +7,7 @@ coordinates.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
-
 from numba import njit
 
 INT_MAX = 2147483647
@@ -104,93 +101,9 @@ def source_index(coord, size, padding, align_corners, forward, exact=True):
     return to_safe_range(index), multiplier, resolved
 
 
-@kernel
-def point_index(grid, offset, step, sizes, padding, align_corners, forward):
-    """(ix, iy, iz, mx, my, mz): indices and multipliers of the grid point at ``offset``.
-
-    ``grid`` is flat; its x, y, z components sit ``step`` elements apart; ``sizes`` is
-    (D, H, W).
-    """
-    ix, mx, _ = source_index(float(grid[offset]), sizes[2], padding, align_corners, forward)
-    iy, my, _ = source_index(float(grid[offset + step]), sizes[1], padding, align_corners, forward)
-    iz, mz, _ = source_index(float(grid[offset + 2 * step]), sizes[0], padding, align_corners, forward)
-    return ix, iy, iz, mx, my, mz
-
-
-@kernel
-def axis_cell(index):
-    """Along one axis: (floor(index) as int, weight of the low tap, weight of the high tap).
-
-    PyTorch's weights: high = index - floor(index), low = (floor(index) + 1) - index.
-    """
-    low = math.floor(index)
-    return int(low), low + 1 - index, index - low
-
-
-@kernel
-def corner_weights(ix, iy, iz):
-    """Lowest corner of a trilinear cell and the weights of its low and high sides.
-
-    Returns (x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z), per axis as
-    :func:`axis_cell`.
-    """
-    x0, low_x, high_x = axis_cell(ix)
-    y0, low_y, high_y = axis_cell(iy)
-    z0, low_z, high_z = axis_cell(iz)
-    return x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z
-
-
-@kernel
-def trilinear_tap(tap, cell, sizes, strides, z_lo, z_hi):
-    """Tap ``tap`` (0..7: bit 0 steps x, bit 1 y, bit 2 z; PyTorch's order) of ``cell``.
-
-    ``cell`` is what :func:`corner_weights` returns.
-
-    Returns (inside, spatial offset z*sD + y*sH + x*sW, wx, wy, wz); ``inside`` also
-    requires the tap's depth to lie in [z_lo, z_hi). ``strides`` = (sD, sH, sW).
-    """
-    x0, y0, z0, low_x, low_y, low_z, high_x, high_y, high_z = cell
-    step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
-    cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
-    inside = (0 <= cx < sizes[2]) and (0 <= cy < sizes[1]) and (max(z_lo, 0) <= cz < min(z_hi, sizes[0]))
-    offset = cz * strides[0] + cy * strides[1] + cx * strides[2]
-    wx = high_x if step_x else low_x
-    wy = high_y if step_y else low_y
-    wz = high_z if step_z else low_z
-    return inside, offset, wx, wy, wz
-
-
-@kernel
-def tap_sign(tap, axis):
-    """Sign of d weight / d index of tap ``tap`` along ``axis`` (0 x, 1 y, 2 z)."""
-    return 1.0 if (tap >> axis) & 1 else -1.0
-
-
 # 1.5 * 2**52: x + ROUNDER - ROUNDER is x rounded to the nearest integer, ties to even (as C
 # nearbyint), for |x| < 2**51, which every index is after to_safe_range; cheaper than rint.
 ROUNDER = 6755399441055744.0
-
-
-@kernel
-def round_half_even(value):
-    """nearbyint(value) as an int, for |value| < 2**51."""
-    return int((value + ROUNDER) - ROUNDER)
-
-
-@kernel
-def nearest_tap(ix, iy, iz, sizes, strides, z_lo, z_hi):
-    """The voxel nearest to (ix, iy, iz), ties to even: (inside, spatial offset, depth index)."""
-    cx, cy, cz = round_half_even(ix), round_half_even(iy), round_half_even(iz)
-    inside = (0 <= cx < sizes[2]) and (0 <= cy < sizes[1]) and (max(z_lo, 0) <= cz < min(z_hi, sizes[0]))
-    return inside, cz * strides[0] + cy * strides[1] + cx * strides[2], cz
-
-
-@kernel
-def depth_base(interpolation, iz):
-    """The lowest depth index a point's taps can touch (floor for bilinear, rint for nearest)."""
-    if interpolation == NEAREST:
-        return round_half_even(iz)
-    return int(math.floor(iz))
 
 
 # ---- bicubic: padding applies to each tap, the point's index is only unnormalised ----
