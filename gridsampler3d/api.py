@@ -5,6 +5,11 @@ Shapes (NCDHW / NDHWC):
     input, dx   (N, C, Di, Hi, Wi)  /  (N, Di, Hi, Wi, C)
     grad, y     (N, C, Do, Ho, Wo)  /  (N, Do, Ho, Wo, C)
     grid, dgrid (N, Do, Ho, Wo, 3)  (x along W, y along H, z along D, in [-1, 1])
+
+The fused warp samples at identity + a displacement in voxels, with no grid:
+
+    volume, dvolume                (N, C, D, H, W)  /  (N, D, H, W, C)
+    displacement, ddisplacement    (N, 3, D, H, W)  /  (N, D, H, W, 3)  ((dz, dy, dx) in voxels)
 """
 from __future__ import annotations
 
@@ -13,10 +18,11 @@ import torch
 
 from .backends import select_backend
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
-from .modes import parse_align_corners, parse_data_format, parse_interpolation, parse_output_mask, parse_padding
-from .validate import check_backward, check_deterministic, check_forward
+from .modes import (DisplacementFormat, parse_align_corners, parse_data_format, parse_displacement_format,
+                    parse_interpolation, parse_output_mask, parse_padding)
+from .validate import check_backward, check_deterministic, check_forward, check_warp, check_warp_backward
 
-__all__ = ["grid_sampler3d", "grid_sampler3d_backward"]
+__all__ = ["grid_sampler3d", "grid_sampler3d_backward", "warp3d", "warp3d_backward"]
 
 
 def _like_caller(tensor, reference_operand):
@@ -109,3 +115,106 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
     return dx, _like_caller(dgrid, caller_grid)
+
+
+def _displacement_to_n3dhw(displacement: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
+    """A zero-copy logical (N, 3, D, H, W) view of a displacement given in ``displacement_format``."""
+    return displacement.permute(0, 4, 1, 2, 3) if displacement_format == DisplacementFormat.NDHW3 else displacement
+
+
+def _displacement_from_n3dhw(tensor: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
+    """A logical (N, 3, D, H, W) result (laid out like the displacement) back in ``displacement_format``:
+    NDHW3 comes back contiguous, free since the engines write it channels-last."""
+    if displacement_format == DisplacementFormat.NDHW3:
+        return tensor.permute(0, 2, 3, 4, 1).contiguous()
+    return tensor
+
+
+def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="border", align_corners=True,
+           data_format="NCDHW", displacement_format="N3DHW", backend="auto"):
+    """Sample a volume at identity + displacement, with no grid tensor (the registration warp).
+
+    Output voxel (d, h, w) is ``volume`` sampled at voxel position (w + dx, h + dy, d + dz),
+    each sum formed in float64; padding and interpolation then follow
+    :func:`grid_sampler3d` exactly as for an unnormalised grid coordinate.
+    ``align_corners`` does not move the position: it only sets reflection's bounds (0 and
+    size - 1 when True, -0.5 and size - 0.5 when False), as in ``F.grid_sample``.
+
+    Args:
+        volume: (N, C, D, H, W), or (N, D, H, W, C) with ``data_format="NDHWC"``; a torch
+            tensor (any device) or a NumPy array; float16/bfloat16/float32/float64.
+        displacement: (N, 3, D, H, W), or (N, D, H, W, 3) with ``displacement_format="NDHW3"``;
+            components (dz, dy, dx) in voxels either way; same N, D, H, W, dtype and device as ``volume``.
+        interpolation_mode, padding_mode: as for :func:`grid_sampler3d`.
+        align_corners: reflection's bounds (see above).
+        data_format: "NCDHW" or "NDHWC" for ``volume`` and the output.
+        displacement_format: "N3DHW" or "NDHW3".
+        backend: "auto" or a backend name.
+
+    Returns:
+        The warped volume, shaped, typed and laid out like ``volume``.
+    """
+    interpolation = parse_interpolation(interpolation_mode)
+    padding = parse_padding(padding_mode)
+    align_corners = parse_align_corners(align_corners)
+    data_format = parse_data_format(data_format)
+    displacement_format = parse_displacement_format(displacement_format)
+    caller_volume = volume
+    volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
+    x = to_ncdhw(volume, data_format)
+    field = _displacement_to_n3dhw(displacement, displacement_format)
+    engine = select_backend(backend, x.device)
+    if x.numel() == 0:
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
+    else:
+        y = engine.warp(x, field, interpolation, padding, align_corners)
+    return _like_caller(from_ncdhw(y, data_format), caller_volume)
+
+
+def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", padding_mode="border",
+                    align_corners=True, output_mask=(True, True), data_format="NCDHW", displacement_format="N3DHW",
+                    backend="auto", deterministic=None):
+    """Gradients of the fused warp :func:`warp3d`: (dvolume, ddisplacement).
+
+    Args:
+        grad: dL/dy, shaped and laid out like ``volume``.
+        volume, displacement, interpolation_mode, padding_mode, align_corners, data_format,
+            displacement_format, backend: as for :func:`warp3d`.
+        output_mask: (compute dvolume, compute ddisplacement); an output not asked for is
+            ``None`` and is not computed.
+        deterministic: as for :func:`grid_sampler3d_backward`.
+
+    Returns:
+        ``(dvolume, ddisplacement)``: dvolume like ``volume``; ddisplacement like ``displacement``
+        (N, 3, D, H, W) or (N, D, H, W, 3) as ``displacement_format`` says, components (dz, dy,
+        dx); an NDHW3 result is contiguous, an N3DHW one keeps the displacement's memory format.
+        d position / d displacement is 1: ddisplacement is the gradient with respect to the
+        voxel position, through padding (nearest: zero).
+    """
+    interpolation = parse_interpolation(interpolation_mode)
+    padding = parse_padding(padding_mode)
+    align_corners = parse_align_corners(align_corners)
+    output_mask = parse_output_mask(output_mask, "dvolume, ddisplacement")
+    data_format = parse_data_format(data_format)
+    displacement_format = parse_displacement_format(displacement_format)
+    deterministic = check_deterministic(deterministic)
+    caller_volume, caller_displacement = volume, displacement
+    grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
+    grad, x = to_ncdhw(grad, data_format), to_ncdhw(volume, data_format)
+    field = _displacement_to_n3dhw(displacement, displacement_format)
+    engine = select_backend(backend, x.device)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if not any(output_mask):
+        return None, None
+    if x.numel() == 0:
+        dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if output_mask[0] else None
+        dfield = torch.zeros_like(field) if output_mask[1] else None
+    else:
+        dx, dfield = engine.warp_backward(grad, x, field, interpolation, padding, align_corners, output_mask,
+                                          deterministic)
+    if dx is not None:
+        dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
+    if dfield is not None:
+        dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), caller_displacement)
+    return dx, dfield

@@ -7,6 +7,13 @@ and returns tensors in logical NCDHW order, laid out like its ``x``:
     forward(x, grid, interpolation, padding, align_corners) -> y
     backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
              deterministic) -> (dx or None, dgrid or None)
+
+and the fused warp, with ``displacement`` a logical (N, 3, D, H, W) tensor ((dz, dy, dx)
+in voxels, any strides) and ``ddisplacement`` laid out like it:
+
+    warp(x, displacement, interpolation, padding, align_corners) -> y
+    warp_backward(grad, x, displacement, interpolation, padding, align_corners, output_mask,
+                  deterministic) -> (dx or None, ddisplacement or None)
 """
 from __future__ import annotations
 
@@ -57,6 +64,24 @@ class ReferenceBackend:
         if dgrid is not None:
             dgrid = torch.empty_like(grid, memory_format=torch.contiguous_format).copy_(torch.from_numpy(dgrid))
         return dx, dgrid
+
+    def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        y = reference.warp_fwd(_to_float64_numpy(x), _to_float64_numpy(displacement), interpolation, padding,
+                               align_corners)
+        out = torch.empty(y.shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
+        return out.copy_(torch.from_numpy(y))
+
+    def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
+                      align_corners: bool, output_mask, deterministic: bool):
+        dx, dfield = reference.warp_bwd(_to_float64_numpy(grad), _to_float64_numpy(x),
+                                        _to_float64_numpy(displacement), interpolation, padding, align_corners,
+                                        output_mask)
+        if dx is not None:
+            dx = torch.empty_like(x, memory_format=memory_format_of(x)).copy_(torch.from_numpy(dx))
+        if dfield is not None:
+            dfield = torch.empty_like(displacement, memory_format=memory_format_of(displacement)).copy_(
+                torch.from_numpy(dfield))
+        return dx, dfield
 
 
 class _Missing:

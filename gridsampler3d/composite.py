@@ -12,7 +12,7 @@ import torch
 
 from .modes import Interpolation, Padding
 
-__all__ = ["sample"]
+__all__ = ["sample", "warp"]
 
 _INT_MAX = 2**31 - 1
 _INT_MIN = -(2**31)
@@ -36,8 +36,10 @@ def _clip(index, size: int):
     return torch.where(index <= 0, zero, torch.where(index >= size - 1, zero + (size - 1), index))
 
 
-def _source_index(coord, size: int, padding: Padding, align_corners: bool):
-    if align_corners:
+def _source_index(coord, size: int, padding: Padding, align_corners: bool, voxels: bool = False):
+    if voxels:
+        index = coord
+    elif align_corners:
         index = (coord + 1) / 2 * (size - 1)
     else:
         index = ((coord + 1) * size - 1) / 2
@@ -49,7 +51,9 @@ def _source_index(coord, size: int, padding: Padding, align_corners: bool):
     return torch.where(bad, torch.full_like(index, -100.0), index)
 
 
-def _unnormalize(coord, size: int, align_corners: bool):
+def _unnormalize(coord, size: int, align_corners: bool, voxels: bool = False):
+    if voxels:
+        return coord
     return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
 
 
@@ -77,10 +81,10 @@ def _cubic_weights(t):
     return far(t + 1), near(t), near(1 - t), far(2 - t)
 
 
-def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape):
+def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, voxels: bool):
     depth, height, width = x.shape[2:]
     sizes = (width, height, depth)
-    index = [_unnormalize(grid[..., axis], size, align_corners) for axis, size in enumerate(sizes)]
+    index = [_unnormalize(grid[..., axis], size, align_corners, voxels) for axis, size in enumerate(sizes)]
     lows = [torch.floor(i).detach() for i in index]
     weights = [_cubic_weights(i - low) for i, low in zip(index, lows)]
     corners = [[_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)]
@@ -96,8 +100,11 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape):
     return output
 
 
-def sample(x, grid, interpolation: int, padding: int, align_corners: bool):
-    """Differentiable sampling: x (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo)."""
+def sample(x, grid, interpolation: int, padding: int, align_corners: bool, voxels: bool = False):
+    """Differentiable sampling: x (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo).
+
+    With ``voxels`` the grid holds voxel positions (x, y, z) rather than normalised coordinates.
+    """
     interpolation, padding = Interpolation(interpolation), Padding(padding)
     batch, channels, depth, height, width = x.shape
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
@@ -110,8 +117,8 @@ def sample(x, grid, interpolation: int, padding: int, align_corners: bool):
         return gathered, valid.unsqueeze(1)
 
     if interpolation == Interpolation.BICUBIC:
-        return _bicubic(x, grid, padding, align_corners, tap, out_shape)
-    index = [_source_index(grid[..., axis], size, padding, align_corners)
+        return _bicubic(x, grid, padding, align_corners, tap, out_shape, voxels)
+    index = [_source_index(grid[..., axis], size, padding, align_corners, voxels)
              for axis, size in enumerate((width, height, depth))]
 
     if interpolation == Interpolation.NEAREST:
@@ -128,3 +135,13 @@ def sample(x, grid, interpolation: int, padding: int, align_corners: bool):
                 weight = (weights[0] * weights[1] * weights[2]).unsqueeze(1)
                 output = output + torch.where(valid, values * weight, torch.zeros_like(values))
     return output
+
+
+def warp(x, displacement, interpolation: int, padding: int, align_corners: bool):
+    """Differentiable fused warp: x (N, C, D, H, W) at identity + displacement (N, 3, D, H, W), (dz, dy, dx)."""
+    depth, height, width = displacement.shape[2:]
+    options = {"dtype": displacement.dtype, "device": displacement.device}
+    zz, yy, xx = torch.meshgrid(torch.arange(depth, **options), torch.arange(height, **options),
+                                torch.arange(width, **options), indexing="ij")
+    positions = torch.stack([xx + displacement[:, 2], yy + displacement[:, 1], zz + displacement[:, 0]], dim=-1)
+    return sample(x, positions, interpolation, padding, align_corners, voxels=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Interpolation", "Padding", "DataFormat", "parse_interpolation", "parse_padding",
-           "parse_data_format", "parse_align_corners", "parse_output_mask"]
+__all__ = ["Interpolation", "Padding", "DataFormat", "DisplacementFormat", "parse_interpolation", "parse_padding",
+           "parse_data_format", "parse_displacement_format", "parse_align_corners", "parse_output_mask"]
 
 
 class Interpolation(enum.IntEnum):
@@ -32,6 +32,13 @@ class DataFormat(str, enum.Enum):
 
     NCDHW = "NCDHW"
     NDHWC = "NDHWC"
+
+
+class DisplacementFormat(str, enum.Enum):
+    """Layout of a displacement field for the fused warp; components are (dz, dy, dx) in voxels either way."""
+
+    N3DHW = "N3DHW"  # (N, 3, D, H, W): MONAI's and VoxelMorph's layout
+    NDHW3 = "NDHW3"  # (N, D, H, W, 3)
 
 
 def _parse_enum(value, enum_type, what: str):
@@ -80,6 +87,19 @@ def parse_data_format(value) -> DataFormat:
         raise ValueError(f"data_format must be 'NCDHW' or 'NDHWC'; got {value!r}") from None
 
 
+def parse_displacement_format(value) -> DisplacementFormat:
+    """``"N3DHW"`` or ``"NDHW3"`` (case-insensitive) → :class:`DisplacementFormat`."""
+    if isinstance(value, DisplacementFormat):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"displacement_format must be the str 'N3DHW' or 'NDHW3'; got {type(value).__name__} "
+                        f"{value!r}")
+    try:
+        return DisplacementFormat(value.strip().upper())
+    except ValueError:
+        raise ValueError(f"displacement_format must be 'N3DHW' or 'NDHW3'; got {value!r}") from None
+
+
 def _is_bool(value) -> bool:
     return isinstance(value, bool) or (hasattr(value, "dtype") and getattr(value, "shape", None) == ()
                                        and value.dtype.kind == "b")
@@ -92,13 +112,13 @@ def parse_align_corners(value) -> bool:
     return bool(value)
 
 
-def parse_output_mask(value) -> tuple[bool, bool]:
-    """A pair of bools (compute dx, compute dgrid) → ``tuple[bool, bool]``."""
+def parse_output_mask(value, names: str = "dx, dgrid") -> tuple[bool, bool]:
+    """A pair of bools (compute dx, compute dgrid) → ``tuple[bool, bool]``; ``names`` labels them in errors."""
     try:
         items = tuple(value)
     except TypeError:
-        raise TypeError(f"output_mask must be a pair of bools (dx, dgrid); got {type(value).__name__} "
+        raise TypeError(f"output_mask must be a pair of bools ({names}); got {type(value).__name__} "
                         f"{value!r}") from None
     if len(items) != 2 or not all(_is_bool(item) for item in items):
-        raise TypeError(f"output_mask must be a pair of bools (dx, dgrid); got {value!r}")
+        raise TypeError(f"output_mask must be a pair of bools ({names}); got {value!r}")
     return bool(items[0]), bool(items[1])

@@ -10,6 +10,11 @@ All arrays are float64 in NCDHW layout:
     x     (N, C, Di, Hi, Wi)
     grid  (N, Do, Ho, Wo, 3)     grid[..., 0] is x (along W), 1 is y (H), 2 is z (D)
     grad  (N, C, Do, Ho, Wo)
+
+The fused warp (:func:`warp_fwd`, :func:`warp_bwd`) samples at voxel positions instead
+of normalised coordinates: ``displacement`` (N, 3, Do, Ho, Wo) holds (dz, dy, dx) in
+voxels, and output point (d, h, w) samples at (w + dx, h + dy, d + dz), each sum formed
+once in float64. Padding then applies exactly as to an unnormalised grid coordinate.
 """
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ import numpy as np
 
 from .modes import Interpolation, Padding
 
-__all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "source_index", "cubic_coefficients", "cubic_slopes",
-           "pad_tap"]
+__all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd", "warp_positions", "source_index",
+           "cubic_coefficients", "cubic_slopes", "pad_tap"]
 
 INT_MAX = 2**31 - 1
 INT_MIN = -(2**31)
@@ -31,8 +36,14 @@ OUT_OF_RANGE = -100.0
 _SCATTER_CHUNK = 1 << 24
 
 
-def unnormalize(coord, size: int, align_corners: bool):
-    """Map a normalised coordinate in [-1, 1] to a voxel index; returns (index, slope)."""
+def unnormalize(coord, size: int, align_corners: bool, voxels: bool = False):
+    """Map a normalised coordinate in [-1, 1] to a voxel index; returns (index, slope).
+
+    With ``voxels`` the coordinate is a voxel position already (the fused warp): the
+    index is the coordinate itself, with slope 1.
+    """
+    if voxels:
+        return coord, 1.0
     if align_corners:
         return (coord + 1) / 2 * (size - 1), (size - 1) / 2
     return ((coord + 1) * size - 1) / 2, size / 2
@@ -78,16 +89,17 @@ def to_safe_range(index):
     return np.where(bad, OUT_OF_RANGE, index)
 
 
-def source_index(coord, size: int, padding: Padding, align_corners: bool, *, forward: bool = False):
+def source_index(coord, size: int, padding: Padding, align_corners: bool, *, forward: bool = False,
+                 voxels: bool = False):
     """Voxel index of normalised coordinates along one axis of ``size`` voxels.
 
     Returns ``(index, multiplier)`` where ``multiplier`` is d index / d coord. With
     ``forward=True`` a NaN that border or reflection padding clips goes to ``size - 1``
     (C++ ``min(size - 1, max(NaN, 0))``), as PyTorch's forward does; its backward
-    instead keeps the NaN, which then falls out of range.
+    instead keeps the NaN, which then falls out of range. ``voxels``: see :func:`unnormalize`.
     """
     with np.errstate(invalid="ignore", over="ignore"):
-        index, slope = unnormalize(coord, size, align_corners)
+        index, slope = unnormalize(coord, size, align_corners, voxels)
         multiplier = np.full_like(index, slope)
         if padding == Padding.REFLECTION:
             if align_corners:
@@ -270,19 +282,23 @@ def _bicubic_grid_gradient(grad_n, values, taps: Taps):
     return grad_index
 
 
-def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward):
-    """Taps and d index / d grid multipliers (P, 3) for one batch's grid (Do, Ho, Wo, 3)."""
+def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward, voxels=False):
+    """Taps and d index / d grid multipliers (P, 3) for one batch's grid (Do, Ho, Wo, 3).
+
+    With ``voxels`` the grid holds voxel positions (see :func:`unnormalize`).
+    """
     coords = grid_n.reshape(-1, 3)
     depth, height, width = sizes
     if interpolation == Interpolation.BICUBIC:
         # Padding applies to each tap, not to the point: the index is only unnormalised,
         # and the multiplier is the unnormalising slope alone (PyTorch's 2-D bicubic).
         with np.errstate(invalid="ignore", over="ignore"):
-            axes = [unnormalize(coords[:, axis], size, align_corners) for axis, size in enumerate((width, height, depth))]
+            axes = [unnormalize(coords[:, axis], size, align_corners, voxels)
+                    for axis, size in enumerate((width, height, depth))]
         index = np.stack([axis[0] for axis in axes], axis=-1)
         multiplier = np.broadcast_to(np.array([axis[1] for axis in axes], dtype=np.float64), index.shape)
         return _bicubic_taps(index, sizes, padding, align_corners), multiplier
-    axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward)
+    axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward, voxels=voxels)
             for axis, size in enumerate((width, height, depth))]
     index = np.stack([axis[0] for axis in axes], axis=-1)
     multiplier = np.stack([axis[1] for axis in axes], axis=-1)
@@ -291,14 +307,18 @@ def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward
     return _nearest_taps(index, sizes), multiplier
 
 
-def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-    """Sample ``x`` (N, C, Di, Hi, Wi) at ``grid`` (N, Do, Ho, Wo, 3) → (N, C, Do, Ho, Wo)."""
+def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
+                       voxels: bool = False):
+    """Sample ``x`` (N, C, Di, Hi, Wi) at ``grid`` (N, Do, Ho, Wo, 3) → (N, C, Do, Ho, Wo).
+
+    ``voxels``: the grid holds voxel positions rather than normalised coordinates.
+    """
     batch, channels = x.shape[:2]
     sizes = x.shape[2:]
     out_sizes = grid.shape[1:4]
     output = np.zeros((batch, channels) + out_sizes)
     for n in range(batch):
-        taps, _ = _sample_points(grid[n], sizes, interpolation, padding, align_corners, forward=True)
+        taps, _ = _sample_points(grid[n], sizes, interpolation, padding, align_corners, forward=True, voxels=voxels)
         values = x[n].reshape(channels, -1)
         accumulated = np.zeros((channels, taps.offset.shape[0]))
         with np.errstate(invalid="ignore", over="ignore"):
@@ -315,8 +335,8 @@ def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, 
 
 
 def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Padding,
-                       align_corners: bool, output_mask=(True, True)):
-    """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid))``.
+                       align_corners: bool, output_mask=(True, True), voxels: bool = False):
+    """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid, voxels=voxels))``.
 
     Returns ``(dx, dgrid)`` of shapes (N, C, Di, Hi, Wi) and (N, Do, Ho, Wo, 3); an output
     whose ``output_mask`` entry is False is ``None``.
@@ -324,23 +344,59 @@ def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Pad
     want_dx, want_dgrid = output_mask
     batch, channels = x.shape[:2]
     sizes = x.shape[2:]
-    voxels = int(np.prod(sizes))
+    volume = int(np.prod(sizes))
     dx = np.zeros(x.shape) if want_dx else None
     dgrid = np.zeros(grid.shape) if want_dgrid else None
     for n in range(batch):
         taps, multiplier = _sample_points(grid[n], sizes, interpolation, padding, align_corners,
-                                          forward=False)
+                                          forward=False, voxels=voxels)
         grad_n = grad[n].reshape(channels, -1)
         with np.errstate(invalid="ignore", over="ignore"):
             if want_dx:
-                dx[n] = _scatter_dx(grad_n, taps, voxels).reshape(x.shape[1:])
+                dx[n] = _scatter_dx(grad_n, taps, volume).reshape(x.shape[1:])
             if want_dgrid and interpolation == Interpolation.BICUBIC:
-                grad_index = _bicubic_grid_gradient(grad_n, x[n].reshape(channels, voxels), taps)
+                grad_index = _bicubic_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
                 dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
             elif want_dgrid and interpolation != Interpolation.NEAREST:
-                grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, voxels), taps)
+                grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
                 dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
     return dx, dgrid
+
+
+def warp_positions(displacement):
+    """Voxel positions (N, Do, Ho, Wo, 3) as (x, y, z) of ``displacement`` (N, 3, Do, Ho, Wo) as (dz, dy, dx).
+
+    Point (d, h, w) sits at (w + dx, h + dy, d + dz): one float64 sum per axis.
+    """
+    displacement = np.asarray(displacement, dtype=np.float64)
+    depth, height, width = displacement.shape[2:]
+    zz, yy, xx = np.meshgrid(np.arange(depth, dtype=np.float64), np.arange(height, dtype=np.float64),
+                             np.arange(width, dtype=np.float64), indexing="ij")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.stack([xx + displacement[:, 2], yy + displacement[:, 1], zz + displacement[:, 0]], axis=-1)
+
+
+def warp_fwd(x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
+    """Sample ``x`` (N, C, D, H, W) at identity + ``displacement`` (N, 3, Do, Ho, Wo) → (N, C, Do, Ho, Wo).
+
+    ``align_corners`` only sets reflection's bounds here (-0.5 and size - 0.5 when False,
+    0 and size - 1 when True); the position itself is the same either way.
+    """
+    return grid_sampler3d_fwd(x, warp_positions(displacement), interpolation, padding, align_corners, voxels=True)
+
+
+def warp_bwd(grad, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool,
+             output_mask=(True, True)):
+    """Gradients of ``sum(grad * warp_fwd(x, displacement))``: (dx (N, C, D, H, W), ddisplacement (N, 3, Do, Ho, Wo)).
+
+    d position / d displacement is 1, so ddisplacement is the gradient with respect to
+    the voxel position (through padding), its components reordered to (dz, dy, dx).
+    """
+    dx, dposition = grid_sampler3d_bwd(grad, x, warp_positions(displacement), interpolation, padding, align_corners,
+                                       output_mask, voxels=True)
+    if dposition is not None:
+        dposition = np.ascontiguousarray(dposition[..., ::-1].transpose(0, 4, 1, 2, 3))
+    return dx, dposition
 
 
 def _contract_grid_gradient(grad_n, values, taps: Taps):

@@ -1,10 +1,13 @@
-"""PyTorch integration: custom ops, autograd, the ``F.grid_sample`` drop-in and ``Warp3d``.
+"""PyTorch integration: custom ops, autograd, the ``F.grid_sample`` drop-in and the fused warp.
 
     gridsampler3d::grid_sampler3d(input, grid, interpolation_mode, padding_mode, align_corners) -> y
     gridsampler3d::grid_sampler3d_backward(grad, input, grid, interpolation_mode, padding_mode,
                                            align_corners, output_mask) -> (dx, dgrid)
+    gridsampler3d::warp3d(volume, displacement, interpolation_mode, padding_mode, align_corners) -> y
+    gridsampler3d::warp3d_backward(grad, volume, displacement, interpolation_mode, padding_mode,
+                                   align_corners, output_mask) -> (dvolume, ddisplacement)
 
-Both take NCDHW tensors (a channels-last tensor is accepted as is) and the aclnn integer
+All take NCDHW tensors (displacements (N, 3, D, H, W)) (a channels-last tensor is accepted as is) and the aclnn integer
 codes. An output of the backward that ``output_mask`` does not ask for comes back as an
 empty tensor (custom ops cannot return None); the autograd layer turns it into None.
 """
@@ -16,9 +19,11 @@ from torch import Tensor
 
 from . import api, composite
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
-from .modes import DataFormat, parse_align_corners, parse_data_format, parse_interpolation, parse_padding
+from .modes import (DataFormat, DisplacementFormat, parse_align_corners, parse_data_format,
+                    parse_displacement_format, parse_interpolation, parse_padding)
+from .validate import check_warp
 
-__all__ = ["grid_sample", "Warp3d"]
+__all__ = ["grid_sample", "warp", "Warp3d", "integrate_velocity"]
 
 
 @torch.library.custom_op("gridsampler3d::grid_sampler3d", mutates_args=())
@@ -130,34 +135,168 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     return from_ncdhw(output, data_format)
 
 
+@torch.library.custom_op("gridsampler3d::warp3d", mutates_args=())
+def warp3d_op(volume: Tensor, displacement: Tensor, interpolation_mode: int, padding_mode: int,
+              align_corners: bool) -> Tensor:
+    """Fused warp: volume (N, C, D, H, W) at identity + displacement (N, 3, D, H, W) -> (N, C, D, H, W)."""
+    return api.warp3d(volume, displacement, interpolation_mode, padding_mode, align_corners)
+
+
+@warp3d_op.register_fake
+def _warp3d_fake(volume, displacement, interpolation_mode, padding_mode, align_corners):
+    return torch.empty_like(volume, memory_format=memory_format_of(volume))
+
+
+@torch.library.custom_op("gridsampler3d::warp3d_backward", mutates_args=())
+def warp3d_backward_op(grad: Tensor, volume: Tensor, displacement: Tensor, interpolation_mode: int,
+                       padding_mode: int, align_corners: bool, output_mask: list[bool]) -> tuple[Tensor, Tensor]:
+    """Fused warp backward: (dvolume like volume, ddisplacement (N, 3, D, H, W)); one not asked for is empty."""
+    dx, dfield = api.warp3d_backward(grad, volume, displacement, interpolation_mode, padding_mode, align_corners,
+                                     output_mask=tuple(output_mask))
+    return (volume.new_empty(0) if dx is None else dx), (displacement.new_empty(0) if dfield is None else dfield)
+
+
+@warp3d_backward_op.register_fake
+def _warp3d_backward_fake(grad, volume, displacement, interpolation_mode, padding_mode, align_corners, output_mask):
+    dx = torch.empty_like(volume, memory_format=memory_format_of(volume)) if output_mask[0] else volume.new_empty(0)
+    dfield = torch.empty_like(displacement, memory_format=memory_format_of(displacement)) if output_mask[1] \
+        else displacement.new_empty(0)
+    return dx, dfield
+
+
+def _warp_setup_context(ctx, inputs, output):
+    volume, displacement, interpolation_mode, padding_mode, align_corners = inputs
+    ctx.save_for_backward(volume, displacement)
+    ctx.attributes = (interpolation_mode, padding_mode, align_corners)
+
+
+def _warp_backward(ctx, grad_output):
+    volume, displacement = ctx.saved_tensors
+    output_mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
+    dx, dfield = warp3d_backward_op(grad_output, volume, displacement, *ctx.attributes, output_mask)
+    return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
+
+
+warp3d_op.register_autograd(_warp_backward, setup_context=_warp_setup_context)
+
+
+def _warp_double_backward(ctx, grad_dx, grad_dfield):
+    """Gradients of <grad_dx, dvolume> + <grad_dfield, ddisplacement> through the differentiable composite."""
+    saved = ctx.saved_tensors
+    with torch.enable_grad():
+        grad, volume, displacement = (tensor.detach().requires_grad_() for tensor in saved)
+        output = composite.warp(volume, displacement, *ctx.attributes)
+        dx, dfield = torch.autograd.grad(output, (volume, displacement), grad, create_graph=True,
+                                         allow_unused=True, materialize_grads=True)
+        total = output.new_zeros(())
+        if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
+            total = total + (dx * grad_dx).sum()
+        if ctx.output_mask[1] and grad_dfield is not None and grad_dfield.numel():
+            total = total + (dfield * grad_dfield).sum()
+        if not total.requires_grad:
+            return None, None, None, None, None, None, None
+        grads = torch.autograd.grad(total, (grad, volume, displacement), allow_unused=True, materialize_grads=True)
+    return (*grads, None, None, None, None)
+
+
+warp3d_backward_op.register_autograd(_warp_double_backward, setup_context=_setup_backward_context)
+
+
+def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_mode: str = "border",
+         align_corners: bool = True, data_format: str = "NCDHW", displacement_format: str = "N3DHW") -> Tensor:
+    """Warp ``volume`` by a dense displacement field in voxels, with no grid tensor; differentiable.
+
+    Output voxel (d, h, w) is ``volume`` sampled at voxel position (w + dx, h + dy, d + dz):
+    the registration layer of VoxelMorph and MONAI's ``Warp``, fused. Neither the forward
+    nor the backward builds an (N, D, H, W, 3) grid; the backward returns d(volume) and
+    d(displacement) directly. ``warp(flow, flow)`` (a field warping itself) is supported.
+
+    Args:
+        volume: (N, C, D, H, W), or (N, D, H, W, C) with ``data_format="NDHWC"``.
+        displacement: (N, 3, D, H, W) with channels (dz, dy, dx) in voxels, or
+            (N, D, H, W, 3) (same component order) with ``displacement_format="NDHW3"``;
+            same N, D, H, W, dtype and device as ``volume``.
+        mode: "bilinear", "nearest" or "bicubic".
+        padding_mode: "zeros", "border" or "reflection".
+        align_corners: does not move the sampling position; it sets reflection's bounds
+            (0 and size - 1 when True, -0.5 and size - 0.5 when False), as for a grid
+            normalised with the same setting (docs/semantics.md).
+        data_format: "NCDHW" or "NDHWC" for ``volume`` and the output.
+        displacement_format: "N3DHW" or "NDHW3".
+
+    Returns:
+        The warped volume, shaped and laid out like ``volume``. Under ``torch.autocast``
+        it computes in float32, as :func:`grid_sample` does.
+    """
+    data_format = parse_data_format(data_format)
+    displacement_format = parse_displacement_format(displacement_format)
+    interpolation = parse_interpolation(mode)
+    padding = parse_padding(padding_mode)
+    align_corners = parse_align_corners(align_corners)
+    if not isinstance(volume, Tensor) or not isinstance(displacement, Tensor):
+        raise TypeError(f"warp takes torch tensors (for NumPy arrays use gridsampler3d.warp3d); got "
+                        f"{type(volume).__name__} and {type(displacement).__name__}")
+    device_type = volume.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    if autocast:
+        volume, displacement = volume.float(), displacement.float()
+    check_warp(volume, displacement, data_format, displacement_format)
+    x = to_ncdhw(volume, data_format)
+    field = displacement.permute(0, 4, 1, 2, 3) if displacement_format == DisplacementFormat.NDHW3 else displacement
+    if autocast:
+        with torch.autocast(device_type, enabled=False):
+            output = warp3d_op(x, field, int(interpolation), int(padding), align_corners)
+    else:
+        output = warp3d_op(x, field, int(interpolation), int(padding), align_corners)
+    return from_ncdhw(output, data_format)
+
+
 class Warp3d(torch.nn.Module):
-    """Warp a volume by a dense displacement field given in voxels (the registration layer).
+    """Warp a volume by a dense displacement field given in voxels (the registration layer): :func:`warp` as a module.
 
     ``forward(volume, displacement)``: volume (N, C, D, H, W), displacement (N, 3, D, H, W)
     with channels (dz, dy, dx) in voxels -> the volume sampled at identity + displacement,
-    (N, C, D, H, W). The grid is normalised with ``align_corners``.
+    (N, C, D, H, W). Other layouts through ``data_format`` and ``displacement_format``.
     """
 
-    def __init__(self, mode: str = "bilinear", padding_mode: str = "border", align_corners: bool = True):
+    def __init__(self, mode: str = "bilinear", padding_mode: str = "border", align_corners: bool = True,
+                 data_format: str = "NCDHW", displacement_format: str = "N3DHW"):
         super().__init__()
         self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
+        self.data_format, self.displacement_format = data_format, displacement_format
 
     def forward(self, volume: Tensor, displacement: Tensor) -> Tensor:
-        if displacement.dim() != 5 or displacement.shape[1] != 3:
-            raise ValueError(f"displacement must be (N, 3, D, H, W); got shape {tuple(displacement.shape)}")
-        if displacement.shape[2:] != volume.shape[2:] or displacement.shape[0] != volume.shape[0]:
-            raise ValueError(f"displacement's N, D, H, W must equal volume's {tuple(volume.shape[:1] + volume.shape[2:])}"
-                             f"; got {tuple(displacement.shape[:1] + displacement.shape[2:])}")
-        sizes = volume.shape[2:]
-        axes = [torch.arange(size, device=volume.device, dtype=displacement.dtype) for size in sizes]
-        identity = torch.stack(torch.meshgrid(*axes, indexing="ij"))  # (3, D, H, W) as (z, y, x)
-        position = identity.unsqueeze(0) + displacement
-        normalised = []
-        for axis, size in enumerate(sizes):
-            coordinate = position[:, axis]
-            if self.align_corners:
-                normalised.append(2 * coordinate / max(size - 1, 1) - 1)
-            else:
-                normalised.append((2 * coordinate + 1) / size - 1)
-        grid = torch.stack(normalised[::-1], dim=-1)  # (N, D, H, W, 3) as (x, y, z)
-        return grid_sample(volume, grid.to(volume.dtype), self.mode, self.padding_mode, self.align_corners)
+        return warp(volume, displacement, self.mode, self.padding_mode, self.align_corners, self.data_format,
+                    self.displacement_format)
+
+    def extra_repr(self) -> str:
+        return (f"mode={self.mode!r}, padding_mode={self.padding_mode!r}, align_corners={self.align_corners}, "
+                f"data_format={self.data_format!r}, displacement_format={self.displacement_format!r}")
+
+
+def integrate_velocity(velocity: Tensor, steps: int = 7, mode: str = "bilinear", padding_mode: str = "zeros",
+                       align_corners: bool = True, displacement_format: str = "N3DHW") -> Tensor:
+    """Displacement of the flow of a stationary velocity field, by scaling and squaring; differentiable.
+
+    ``u = velocity / 2**steps``, then ``steps`` times ``u = u + warp(u, u)``: the
+    integration of MONAI's ``DVF2DDF`` and VoxelMorph's ``VecInt`` (whose defaults, zeros
+    padding and align_corners=True, are these), each step one fused self-warp.
+
+    Args:
+        velocity: (N, 3, D, H, W), (dz, dy, dx) in voxels, or (N, D, H, W, 3) with
+            ``displacement_format="NDHW3"``.
+        steps: the number of squarings (>= 0); 0 returns ``velocity`` unchanged.
+        mode, padding_mode, align_corners: of each warp (see :func:`warp`).
+
+    Returns:
+        The displacement, shaped like ``velocity``.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0; got {steps!r}")
+    displacement_format = parse_displacement_format(displacement_format)
+    data_format = "NDHWC" if displacement_format == DisplacementFormat.NDHW3 else "NCDHW"
+    displacement = velocity / (2.0 ** steps)
+    for _ in range(steps):
+        displacement = displacement + warp(displacement, displacement, mode, padding_mode, align_corners,
+                                           data_format, displacement_format)
+    return displacement

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .modes import DataFormat
+from .modes import DataFormat, DisplacementFormat
 
-__all__ = ["as_tensor", "check_forward", "check_backward", "check_deterministic", "FLOAT_DTYPES"]
+__all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_deterministic",
+           "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
@@ -104,6 +105,56 @@ def check_backward(grad, input, grid, data_format: DataFormat):
         raise ValueError(f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; "
                          f"got {grad_spatial}")
     return grad, input, grid
+
+
+def _check_volume_and_displacement(volume: torch.Tensor, displacement: torch.Tensor, data_format: DataFormat,
+                                   displacement_format: DisplacementFormat) -> None:
+    layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
+    _check_5d(volume, "volume", layout)
+    shape = tuple(displacement.shape)
+    if displacement_format == DisplacementFormat.N3DHW:
+        _check_5d(displacement, "displacement", "(N, 3, D, H, W)")
+        components, batch, spatial = shape[1], shape[0], shape[2:]
+    else:
+        _check_5d(displacement, "displacement", "(N, D, H, W, 3)")
+        components, batch, spatial = shape[4], shape[0], shape[1:4]
+    if components != 3:
+        where = "dimension 1" if displacement_format == DisplacementFormat.N3DHW else "last dimension"
+        raise ValueError(f"displacement's {where} must be 3 (dz, dy, dx) for displacement_format "
+                         f"{displacement_format.value!r}; got shape {shape}")
+    volume_batch, _, volume_spatial = _split_layout(volume.shape, data_format)
+    if batch != volume_batch:
+        raise ValueError(f"displacement's batch size N must equal volume's ({volume_batch}); got {batch}")
+    if tuple(spatial) != tuple(volume_spatial):
+        raise ValueError(f"displacement's spatial sizes (D, H, W) must equal volume's {tuple(volume_spatial)} "
+                         f"(it displaces each voxel of the output); got {tuple(spatial)}")
+    if 0 in volume_spatial:
+        raise ValueError(f"volume's spatial sizes (D, H, W) must be non-zero; got {tuple(volume_spatial)}")
+
+
+def check_warp(volume, displacement, data_format: DataFormat, displacement_format: DisplacementFormat):
+    """Validate the fused warp's operands; returns them as tensors ``(volume, displacement)``."""
+    volume, displacement = as_tensor(volume, "volume"), as_tensor(displacement, "displacement")
+    for tensor, name in ((volume, "volume"), (displacement, "displacement")):
+        _check_dtype(tensor, name)
+    _check_same({"volume": volume, "displacement": displacement})
+    _check_volume_and_displacement(volume, displacement, data_format, displacement_format)
+    return volume, displacement
+
+
+def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
+                        displacement_format: DisplacementFormat):
+    """Validate the fused warp's backward operands; returns them as tensors ``(grad, volume, displacement)``."""
+    grad = as_tensor(grad, "grad")
+    volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
+    _check_dtype(grad, "grad")
+    _check_same({"volume": volume, "grad": grad})
+    layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
+    _check_5d(grad, "grad", layout)
+    if tuple(grad.shape) != tuple(volume.shape):
+        raise ValueError(f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
+                         f"volume's shape); got {tuple(grad.shape)}")
+    return grad, volume, displacement
 
 
 def check_deterministic(value) -> bool | None:

@@ -36,17 +36,20 @@ def zero_planes(dx, dx_strides, first, last, channels, sizes):
 
 
 @functools.cache
-def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True):
-    """The backward kernel of one mode triple.
+def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True, voxels: bool = False):
+    """The backward kernel of one mode triple (and coordinate source).
 
     ``exact`` keeps PyTorch's association in the grid gradient (float64 bitwise equal to
     PyTorch); otherwise (for float32 and half data, computed in float64 and rounded once)
     it sums the separable form, a third of the arithmetic.
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
-    row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid,
-    own_by_plane)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid`` (N * Do * Ho *
-    Wo * 3,) if ``want_dgrid``. ``parts`` (P, 4) gives each parallel part its dx planes
+    dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
+    want_dgrid, own_by_plane)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid``
+    (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With ``voxels`` (the
+    fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient (N, 3, Do, Ho,
+    Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w, -component) (see
+    :func:`.forward.forward_kernel`). ``parts`` (P, 4) gives each parallel part its dx planes
     [first, end) (plane = n * D + z) and rows [first, end) (row = n * Do * Ho + d * Ho + h);
     ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
     skip rows that miss its planes. With ``own_by_plane`` a part writes the grid gradient
@@ -58,8 +61,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     reach = 1 if nearest else 2
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, row_first, row_last,
-               parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane):
+    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
+               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane):
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -69,6 +72,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         # With zeros padding the multipliers are these constant slopes (coords.source_index).
         unit = 1 if align_corners else 0
         slope_x, slope_y, slope_z = (sizes[2] - unit) * 0.5, (sizes[1] - unit) * 0.5, (sizes[0] - unit) * 0.5
+        if voxels:
+            slope_x, slope_y, slope_z = 1.0, 1.0, 1.0
+        # Where a row's x components start in grid and dgrid (a displacement's dx sits above dz).
+        grid_shift = -2 * grid_strides[4] if voxels else 0
+        dgrid_shift = -2 * dgrid_strides[4] if voxels else 0
+        dgrid_step = dgrid_strides[3]
+        dgrid_component = dgrid_strides[4]
         # Each scratch array gets its own statement inside the parallel body: a tuple
         # unpacking or a view of an array would make Numba's alias analysis see aliases and
         # drop the loop body's noalias arguments, and the block loops would not vectorise.
@@ -116,23 +126,25 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         own = 1
                 if do_dx + own == 0:
                     continue
-                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + grid_shift
+                first_dgrid = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + dgrid_shift
                 first_grad = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3]
                 x_batch, dx_batch = n * x_strides[0], n * dx_strides[0]
                 for start in range(0, out_width, BLOCK):
                     count = min(BLOCK, out_width - start)
                     first = first_point + start * grid_strides[3]
                     grad_at = first_grad + start * grad_strides[4]
+                    origin = (float(start), float(h), float(d))
                     if nearest:
                         nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                      align_corners, False, dx_spatial, dx_corner, inside, lowest)
+                                      align_corners, False, voxels, origin, dx_spatial, dx_corner, inside, lowest)
                         slab_taps(count, inside, lowest, z_lo, z_hi, taps)
                         _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
                                          channel_inner, dx_corner, taps)
                         continue
                     trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                    align_corners, False, x_spatial, dx_spatial, sides, corner, dx_corner, inside,
-                                    lowest, True, mx, my, mz)
+                                    align_corners, False, voxels, origin, x_spatial, dx_spatial, sides, corner,
+                                    dx_corner, inside, lowest, True, mx, my, mz)
                     if own:
                         masked_offsets(count, corner, inside, x_spatial, offsets)
                         if exact:
@@ -141,18 +153,19 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         else:
                             _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
                                                      channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
-                        p = 3 * (row * out_width + start)
+                        p = first_dgrid + start * dgrid_step
                         for i in range(count):
                             owner = min(max(lowest[i], 0), depth - 1)
                             if not own_by_plane or (owner >= z_lo and owner < z_hi):
+                                at = p + i * dgrid_step
                                 if padding == ZEROS:
-                                    dgrid[p + 3 * i] = slope_x * grad_x[i]
-                                    dgrid[p + 3 * i + 1] = slope_y * grad_y[i]
-                                    dgrid[p + 3 * i + 2] = slope_z * grad_z[i]
+                                    dgrid[at] = slope_x * grad_x[i]
+                                    dgrid[at + dgrid_component] = slope_y * grad_y[i]
+                                    dgrid[at + 2 * dgrid_component] = slope_z * grad_z[i]
                                 else:
-                                    dgrid[p + 3 * i] = mx[i] * grad_x[i]
-                                    dgrid[p + 3 * i + 1] = my[i] * grad_y[i]
-                                    dgrid[p + 3 * i + 2] = mz[i] * grad_z[i]
+                                    dgrid[at] = mx[i] * grad_x[i]
+                                    dgrid[at + dgrid_component] = my[i] * grad_y[i]
+                                    dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
                     if do_dx:
                         slab_taps(count, inside, lowest, z_lo, z_hi, taps)
                         for i in range(count):

@@ -7,6 +7,10 @@ multiplier is the unnormalising slope alone. Taps run z outermost, x innermost; 
 arithmetic is float64, in the reference's order (y and dgrid sum separably: along x, then
 y, then z, PyTorch's 2-D order), so float64 results equal the reference bit for bit.
 
+With ``voxels`` (the fused warp) the "grid" is a displacement in voxels with strides
+given as (n, d, h, w, -component), as for the trilinear kernels (:mod:`.forward`), and
+the point's index is its identity position plus the displacement, slope 1.
+
 Forward and dgrid are parallel over output rows. dx is owner-computes: the (n, z) planes
 are split into one slab per thread, and each thread walks every point in order, adding
 only the taps that land in its slab, so each voxel sums in point order, deterministic
@@ -24,11 +28,11 @@ inline = njit(cache=True, error_model="numpy", inline="always")
 
 
 @inline
-def _cell(grid, offset, step, sizes, align_corners):
-    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset``."""
-    ix, mx = unnormalize(float(grid[offset]), sizes[2], align_corners)
-    iy, my = unnormalize(float(grid[offset + step]), sizes[1], align_corners)
-    iz, mz = unnormalize(float(grid[offset + 2 * step]), sizes[0], align_corners)
+def _cell(grid, offset, step, sizes, align_corners, voxels, w, h, d):
+    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset`` (output (d, h, w))."""
+    ix, mx = unnormalize(float(grid[offset]), sizes[2], align_corners, voxels, float(w))
+    iy, my = unnormalize(float(grid[offset + step]), sizes[1], align_corners, voxels, float(h))
+    iz, mz = unnormalize(float(grid[offset + 2 * step]), sizes[0], align_corners, voxels, float(d))
     # np.floor keeps a float: NaN and inf stay representable (math.floor would need an int)
     return ix, iy, iz, np.floor(ix), np.floor(iy), np.floor(iz), mx, my, mz
 
@@ -44,9 +48,9 @@ def _axis_taps(index, low, size, padding, align_corners, taps, weights, slopes):
 
 
 @inline
-def _point_taps(grid, point, step, sizes, padding, align_corners, taps, weights, slopes):
+def _point_taps(grid, point, step, sizes, padding, align_corners, voxels, w, h, d, taps, weights, slopes):
     """Fill the (3, 4) per-axis taps, weights and slopes of the grid point at ``point``; return (mx, my, mz)."""
-    ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, step, sizes, align_corners)
+    ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, step, sizes, align_corners, voxels, w, h, d)
     _axis_taps(ix, x0, sizes[2], padding, align_corners, taps[0], weights[0], slopes[0])
     _axis_taps(iy, y0, sizes[1], padding, align_corners, taps[1], weights[1], slopes[1])
     _axis_taps(iz, z0, sizes[0], padding, align_corners, taps[2], weights[2], slopes[2])
@@ -67,10 +71,11 @@ def _tap_offsets(taps, sizes, spatial, offsets):
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, padding,
-                       align_corners):
+                       align_corners, voxels):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); every element written."""
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
+    shift = -2 * grid_strides[4] if voxels else 0
     for row in prange(batch * out_depth * out_height):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
@@ -80,8 +85,9 @@ def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, ch
         slopes = np.empty((3, 4))
         offsets = np.empty(64, np.int64)
         for w in range(out_width):
-            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-            _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, taps, weights, slopes)
+            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3] + shift
+            _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, voxels, w, h, d, taps, weights,
+                        slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
@@ -100,12 +106,14 @@ def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, ch
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dgrid, batch, channels, sizes,
-                         out_sizes, padding, align_corners):
-    """dgrid (N * Do * Ho * Wo * 3,): per point and channel, separable sums with one axis's weights replaced by
-    its slopes, times grad, accumulated over channels in order."""
+def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dgrid, dgrid_strides, batch, channels,
+                         sizes, out_sizes, padding, align_corners, voxels):
+    """dgrid (N, Do, Ho, Wo, 3) with strides ``dgrid_strides``: per point and channel, separable sums with one
+    axis's weights replaced by its slopes, times grad, accumulated over channels in order."""
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
+    shift = -2 * grid_strides[4] if voxels else 0
+    dgrid_shift = -2 * dgrid_strides[4] if voxels else 0
     for row in prange(batch * out_depth * out_height):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
@@ -115,8 +123,9 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
         slopes = np.empty((3, 4))
         offsets = np.empty(64, np.int64)
         for w in range(out_width):
-            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, taps, weights, slopes)
+            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3] + shift
+            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, voxels, w, h, d, taps,
+                                     weights, slopes)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
             _tap_offsets(taps, sizes, spatial, offsets)
             gx = gy = gz = 0.0
@@ -143,18 +152,19 @@ def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, d
                 gx += total_x * g
                 gy += total_y * g
                 gz += total_z * g
-            p = (row * out_width + w) * 3
+            p = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + w * dgrid_strides[3] + dgrid_shift
             dgrid[p] = mx * gx
-            dgrid[p + 1] = my * gy
-            dgrid[p + 2] = mz * gz
+            dgrid[p + dgrid_strides[4]] = my * gy
+            dgrid[p + 2 * dgrid_strides[4]] = mz * gz
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bounds, batch, channels, sizes,
-                      out_sizes, padding, align_corners):
+                      out_sizes, padding, align_corners, voxels):
     """dx (N, C, D, H, W), every element written; slab s owns planes bounds[s] .. bounds[s + 1] (plane = n * D + z)."""
     depth, height, width = sizes
     out_depth, out_height, out_width = out_sizes
+    shift = -2 * grid_strides[4] if voxels else 0
     for slab in prange(bounds.size - 1):
         first, last = bounds[slab], bounds[slab + 1]
         zero_planes(dx, dx_strides, first, last, channels, sizes)
@@ -169,8 +179,10 @@ def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bo
             for d in range(out_depth):
                 for h in range(out_height):
                     for w in range(out_width):
-                        point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-                        iz, _ = unnormalize(float(grid[point + 2 * grid_strides[4]]), depth, align_corners)
+                        point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] \
+                            + w * grid_strides[3] + shift
+                        iz, _ = unnormalize(float(grid[point + 2 * grid_strides[4]]), depth, align_corners, voxels,
+                                            float(d))
                         z0 = np.floor(iz)
                         _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
                         mine = False
@@ -178,7 +190,8 @@ def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bo
                             mine = mine or z_lo <= taps[2, k] < z_hi
                         if not mine:
                             continue
-                        ix, iy, _, x0, y0, _, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners)
+                        ix, iy, _, x0, y0, _, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners,
+                                                              voxels, w, h, d)
                         _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
                         _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
                         out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]

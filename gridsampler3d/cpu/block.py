@@ -19,12 +19,19 @@ helper = njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
 
 
 @helper
-def _point(grid, point, component, sizes, padding, align_corners, forward, exact):
-    """(ix, iy, iz, mx, my, mz, resolved) of the grid point whose x sits at ``point``."""
+def _point(grid, point, component, sizes, padding, align_corners, forward, exact, voxels, origin_x, origin_y,
+           origin_z):
+    """(ix, iy, iz, mx, my, mz, resolved) of the grid point whose x sits at ``point``.
+
+    With ``voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
+    """
     depth, height, width = sizes
-    ix, mx, done_x = source_index(float(grid[point]), width, padding, align_corners, forward, exact)
-    iy, my, done_y = source_index(float(grid[point + component]), height, padding, align_corners, forward, exact)
-    iz, mz, done_z = source_index(float(grid[point + 2 * component]), depth, padding, align_corners, forward, exact)
+    ix, mx, done_x = source_index(float(grid[point]), width, padding, align_corners, forward, exact, voxels,
+                                  origin_x)
+    iy, my, done_y = source_index(float(grid[point + component]), height, padding, align_corners, forward, exact,
+                                  voxels, origin_y)
+    iz, mz, done_z = source_index(float(grid[point + 2 * component]), depth, padding, align_corners, forward, exact,
+                                  voxels, origin_z)
     return ix, iy, iz, mx, my, mz, done_x & done_y & done_z
 
 
@@ -49,13 +56,15 @@ def _side_bits(low, size, low_taps, high_taps):
 
 
 @helper
-def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, spatial,
-                    other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
+def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
+                    origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my,
+                    mz):
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
         ix, iy, iz, mult_x, mult_y, mult_z, done = _point(grid, first + i * step, component, sizes, padding,
-                                                          align_corners, forward, exact)
+                                                          align_corners, forward, exact, voxels, origin[0] + i,
+                                                          origin[1], origin[2])
         unresolved += not done
         x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
         sides[i] = x_low + 1.0 - ix
@@ -76,12 +85,13 @@ def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_c
 
 
 @helper
-def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial,
-                    other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
+def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, voxels, origin,
+                    spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
-    apart in the flat ``grid``. Fills:
+    apart in the flat ``grid``. With ``voxels`` they are a displacement in voxels and
+    point i's identity position is (origin[0] + i, origin[1], origin[2]). Fills:
 
     - ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
       PyTorch's weights, low = floor + 1 - index, high = index - floor);
@@ -95,21 +105,22 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
     remainder.
     """
     unresolved = _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
-                                 spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers,
-                                 mx, my, mz)
+                                 voxels, origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest,
+                                 multipliers, mx, my, mz)
     if padding == REFLECTION and unresolved:
-        _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, spatial,
-                        other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz)
+        _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, voxels,
+                        origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx,
+                        my, mz)
 
 
 @helper
-def _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, spatial,
-                  corner, inside, lowest):
+def _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
+                  origin, spatial, corner, inside, lowest):
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
         ix, iy, iz, _, _, _, done = _point(grid, first + i * step, component, sizes, padding, align_corners, forward,
-                                           exact)
+                                           exact, voxels, origin[0] + i, origin[1], origin[2])
         unresolved += not done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
         x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,
@@ -123,17 +134,17 @@ def _nearest_pass(grid, first, step, component, count, sizes, padding, align_cor
 
 
 @helper
-def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, spatial, corner,
-                  inside, lowest):
+def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, voxels, origin,
+                  spatial, corner, inside, lowest):
     """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
 
     Arguments as :func:`trilinear_cells`.
     """
     unresolved = _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
-                               spatial, corner, inside, lowest)
+                               voxels, origin, spatial, corner, inside, lowest)
     if padding == REFLECTION and unresolved:
-        _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, spatial,
-                      corner, inside, lowest)
+        _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, voxels,
+                      origin, spatial, corner, inside, lowest)
 
 
 @helper

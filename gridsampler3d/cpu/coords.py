@@ -70,8 +70,11 @@ def to_safe_range(index):
 
 
 @kernel
-def source_index(coord, size, padding, align_corners, forward, exact=True):
+def source_index(coord, size, padding, align_corners, forward, exact=True, voxels=False, origin=0.0):
     """Voxel index and d index / d coord of one normalised coordinate along ``size`` voxels.
+
+    With ``voxels`` (the fused warp) ``coord`` is a displacement in voxels from ``origin``:
+    the index is ``origin + coord`` and its slope 1, before padding.
 
     Returns (index, multiplier, resolved); ``resolved`` is False only where ``exact`` is
     False and reflection needs the exact remainder (see :func:`reflect_with_grad`).
@@ -79,7 +82,10 @@ def source_index(coord, size, padding, align_corners, forward, exact=True):
     padding (clipped to ``size - 1``); the backward lets it fall out of range. Written
     without data-dependent branches, so that loops over points vectorise.
     """
-    if align_corners:
+    if voxels:
+        index = origin + coord
+        multiplier = 1.0
+    elif align_corners:
         index = (coord + 1.0) * 0.5 * (size - 1)
         multiplier = (size - 1) * 0.5
     else:
@@ -112,8 +118,11 @@ CUBIC_A = -0.75
 
 
 @kernel
-def unnormalize(coord, size, align_corners):
-    """(index, d index / d coord) of a normalised coordinate along ``size`` voxels."""
+def unnormalize(coord, size, align_corners, voxels=False, origin=0.0):
+    """(index, d index / d coord) of a normalised coordinate along ``size`` voxels
+    (with ``voxels``: of a displacement from ``origin``, see :func:`source_index`)."""
+    if voxels:
+        return origin + coord, 1.0
     if align_corners:
         return (coord + 1.0) * 0.5 * (size - 1), (size - 1) * 0.5
     return ((coord + 1.0) * size - 1.0) * 0.5, size * 0.5

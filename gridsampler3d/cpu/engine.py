@@ -56,42 +56,77 @@ class NumbaBackend:
 
     @pool.exclusive
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        dtype, layout = x.dtype, memory_format_of(x)
-        x, grid = _kernel_dtype(x), _kernel_dtype(grid)
-        batch, channels = x.shape[:2]
-        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=x.dtype, memory_format=layout)
-        threads = _threads()
-        x_flat, x_strides = _flat(x)
-        grid_flat, grid_strides = _flat(grid)
-        y_flat, y_strides = _flat(y)
-        shapes = (batch, channels, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
-        if interpolation == Interpolation.BICUBIC:
-            bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
-                               align_corners)
-        else:
-            kernel = forward_kernel(int(interpolation), int(padding), bool(align_corners))
-            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
-        return round_once(y, dtype).contiguous(memory_format=layout)
+        return self._forward(x, grid, interpolation, padding, align_corners, False)
+
+    @pool.exclusive
+    def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        return self._forward(x, displacement, interpolation, padding, align_corners, True)
 
     @pool.exclusive
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
         # Always deterministic (sums in a fixed order), so ``deterministic`` changes nothing here.
+        return self._backward(grad, x, grid, interpolation, padding, align_corners, output_mask, False)
+
+    @pool.exclusive
+    def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
+                      align_corners: bool, output_mask, deterministic: bool):
+        return self._backward(grad, x, displacement, interpolation, padding, align_corners, output_mask, True)
+
+    @staticmethod
+    def _field(field: torch.Tensor, voxels: bool):
+        """(flat array, strides in grid order (n, d, h, w, component), output sizes) of a grid or displacement.
+
+        A displacement (N, 3, Do, Ho, Wo) as (dz, dy, dx) is read as a grid whose x is its
+        last component: component stride negated, the kernels starting 2 components up.
+        """
+        flat, strides = _flat(field)
+        if voxels:
+            return flat, (strides[0], strides[2], strides[3], strides[4], -strides[1]), tuple(field.shape[2:])
+        return flat, strides, tuple(field.shape[1:4])
+
+    def _forward(self, x, field, interpolation, padding, align_corners, voxels):
+        dtype, layout = x.dtype, memory_format_of(x)
+        x, field = _kernel_dtype(x), _kernel_dtype(field)
+        batch, channels = x.shape[:2]
+        grid_flat, grid_strides, out_sizes = self._field(field, voxels)
+        y = torch.empty((batch, channels) + out_sizes, dtype=x.dtype, memory_format=layout)
+        threads = _threads()
+        x_flat, x_strides = _flat(x)
+        y_flat, y_strides = _flat(y)
+        shapes = (batch, channels, tuple(x.shape[2:]), out_sizes)
+        if interpolation == Interpolation.BICUBIC:
+            bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
+                               align_corners, voxels)
+        else:
+            kernel = forward_kernel(int(interpolation), int(padding), bool(align_corners), voxels)
+            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
+        return round_once(y, dtype).contiguous(memory_format=layout)
+
+    def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
         want_dx, want_dgrid = output_mask
         dtype, layout = x.dtype, memory_format_of(x)
-        grad, x, grid = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(grid)
+        grad, x, field = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(field)
         batch, channels = x.shape[:2]
-        sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
+        grid_flat, grid_strides, out_sizes = self._field(field, voxels)
+        sizes = tuple(x.shape[2:])
         threads = _threads()
         grad_flat, grad_strides = _flat(grad)
         x_flat, x_strides = _flat(x)
-        grid_flat, grid_strides = _flat(grid)
-        dgrid = torch.empty(grid.shape if want_dgrid else (0,), dtype=grid.dtype)
+        # The grid gradient comes out laid out like its grid: contiguous, or like the displacement.
+        if not want_dgrid:
+            dgrid = torch.empty(0, dtype=field.dtype)
+            dgrid_flat, dgrid_strides = dgrid.numpy(), (0, 0, 0, 0, 0)
+        else:
+            if voxels:
+                dgrid = torch.empty_like(field, memory_format=memory_format_of(field))
+            else:
+                dgrid = torch.empty(field.shape, dtype=field.dtype)
+            dgrid_flat, dgrid_strides, _ = self._field(dgrid, voxels)
         dx = torch.empty_like(x, memory_format=layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
-        dgrid_flat = dgrid.numpy().reshape(-1)
         if interpolation == Interpolation.BICUBIC:
-            shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners)
+            shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners, voxels)
             if want_dx:
                 # Equal runs of planes: every slab walks every point, so the work splits evenly.
                 bounds = np.linspace(0, batch * sizes[0], threads + 1).round().astype(np.int64)
@@ -99,7 +134,7 @@ class NumbaBackend:
                                   *shapes)
             if want_dgrid:
                 bicubic_dgrid_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dgrid_flat,
-                                     *shapes)
+                                     dgrid_strides, *shapes)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
@@ -108,10 +143,10 @@ class NumbaBackend:
         # does only for a finite grad (0 * inf where no tap is inside, inf - inf where terms
         # of both signs meet); PyTorch's own terms serve float64 and any non-finite grad.
         exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad).all()))
-        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), exact)
+        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), exact, voxels)
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
-                    dgrid_flat)
+                    dgrid_flat, dgrid_strides)
         shapes = (batch, channels, sizes, out_sizes)
         if not want_dx:
             if want_dgrid:
@@ -120,10 +155,11 @@ class NumbaBackend:
                        False)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        codes = (int(interpolation), int(padding), bool(align_corners))
+        codes = (int(interpolation), int(padding), bool(align_corners), voxels)
         # One thread owns every plane and skips no row: sampled rows suffice to judge the grid.
         row_step = 1 if threads > 1 else max(1, rows // _SAMPLED_ROWS)
-        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last, row_jumps)
+        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last,
+                     row_jumps)
         reach = 1 if interpolation == Interpolation.NEAREST else 2
         if threads > 1:
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
@@ -139,6 +175,9 @@ class NumbaBackend:
 
     @staticmethod
     def _finish(dx, dgrid, dtype, layout, output_mask):
-        """Round the float32/float64 results into the caller's dtype and layout; None where not asked for."""
+        """Round the float32/float64 results into the caller's dtype and layout (dgrid keeps its own);
+        None where not asked for."""
         dx = round_once(dx, dtype).contiguous(memory_format=layout) if output_mask[0] else None
-        return dx, (round_once(dgrid, dtype) if output_mask[1] else None)
+        if output_mask[1]:
+            dgrid = round_once(dgrid, dtype).contiguous(memory_format=memory_format_of(dgrid))
+        return dx, (dgrid if output_mask[1] else None)

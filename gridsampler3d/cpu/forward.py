@@ -21,8 +21,8 @@ from .tuning import BLOCK, VECTOR_CHANNELS
 
 
 @functools.cache
-def forward_kernel(interpolation: int, padding: int, align_corners: bool):
-    """The forward kernel of one mode triple.
+def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels: bool = False):
+    """The forward kernel of one mode triple (and coordinate source).
 
     ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts)``
     fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho,
@@ -30,6 +30,10 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
     logical order of each shape, ``parts`` the number of row ranges run in parallel. Every
     element of ``y`` is written; each sum runs over the taps in PyTorch's order in float64
     and is rounded once into ``y``.
+
+    With ``voxels`` (the fused warp) ``grid`` is instead a displacement (N, 3, Do, Ho, Wo)
+    as (dz, dy, dx) in voxels, whose ``grid_strides`` are given as (n, d, h, w, -component):
+    dx sits 2 components above dz, read at a negative component step.
     """
     nearest = interpolation == NEAREST
 
@@ -55,15 +59,18 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
                 d = (row // out_height) % out_depth
                 h = row % out_height
                 first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+                if voxels:
+                    first_point -= 2 * grid_strides[4]
                 first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
                 x_batch = n * x_strides[0]
                 for start in range(0, out_width, BLOCK):
                     count = min(BLOCK, out_width - start)
                     first = first_point + start * grid_strides[3]
                     out = first_out + start * y_strides[4]
+                    origin = (float(start), float(h), float(d))
                     if nearest:
                         nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                      align_corners, True, spatial, corner, inside, lowest)
+                                      align_corners, True, voxels, origin, spatial, corner, inside, lowest)
                         for c in range(channels):
                             source = x_batch + c * x_strides[1]
                             target = out + c * y_strides[1]
@@ -72,8 +79,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool):
                                 y[target + i * y_strides[4]] = value if inside[i] else 0
                         continue
                     trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                    align_corners, True, spatial, spatial, sides, corner, unused, inside, lowest,
-                                    False, no_multipliers, no_multipliers, no_multipliers)
+                                    align_corners, True, voxels, origin, spatial, spatial, sides, corner, unused,
+                                    inside, lowest, False, no_multipliers, no_multipliers, no_multipliers)
                     masked_offsets(count, corner, inside, spatial, offsets)
                     for i in range(count):
                         for tap in range(8):

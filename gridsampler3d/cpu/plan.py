@@ -22,14 +22,15 @@ from .tuning import BLOCK
 
 
 @njit(cache=True, error_model="numpy", forceinline=True)
-def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, lowest):
+def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, voxels, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad).
     """
     unresolved = 0
     for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact)
+        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact, voxels,
+                                   origin)
         unresolved += not done
         low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
@@ -37,13 +38,15 @@ def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corn
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, row_step,
-                 row_first, row_last, row_jumps):
+def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
+                 row_step, row_first, row_last, row_jumps):
     """Per row r (every ``row_step``-th): the least and greatest lowest-tap depth of its points, and its jumps.
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
     and ``row_jumps`` (the number of neighbouring points whose lowest depths differ by
     more than one) have one int64 entry per row; rows not visited are left as they are.
+    With ``voxels`` the grid is a displacement, strides as for the kernels
+    (:func:`.forward.forward_kernel`): its dz component comes first.
     """
     out_depth, out_height, out_width = out_sizes
     rows = batch * out_depth * out_height
@@ -57,15 +60,17 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
             n = row // (out_depth * out_height)
             d = (row // out_height) % out_depth
             h = row % out_height
-            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + 2 * grid_strides[4]
+            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+            if not voxels:
+                first_point += 2 * grid_strides[4]
             least, most = np.int64(2**62), -np.int64(2**62)
             jumps = 0
             for start in range(0, out_width, BLOCK):
                 count = min(BLOCK, out_width - start)
                 if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                                  nearest, padding, align_corners, False, lowest):
+                                  nearest, padding, align_corners, False, voxels, float(d), lowest):
                     _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                                   nearest, padding, align_corners, True, lowest)
+                                   nearest, padding, align_corners, True, voxels, float(d), lowest)
                 for i in range(count):
                     least = min(least, lowest[i])
                     most = max(most, lowest[i])
