@@ -1,4 +1,4 @@
-"""How much one line speeds up an existing MONAI registration step on the CPU.
+"""How much one line, or the fused warp, speeds up an existing MONAI registration step on the CPU.
 
     python benchmarks/monai_speedup.py --threads 2 --repeats 9 [--size 128] [--channels 1]
 
@@ -8,9 +8,12 @@ the gradient flows back to the DDF (as when a network predicts it). The one line
 
     gridsampler3d.patch_torch()        # or: with gridsampler3d.patched(): ...
 
-Each repeat times one step on PyTorch's kernels and one step patched, back to back, after
-warm-up (which also compiles this library's kernels once), on the same inputs. It prints
-the median time of each and the median of the per-repeat ratios PyTorch / patched.
+The same step is also timed with ``gridsampler3d.Warp3d`` (the fused warp, which takes
+MONAI's DDF layout as is and builds no grid) in place of MONAI's ``Warp``.
+
+Each repeat times one step on PyTorch's kernels, one patched and one fused, back to back,
+after warm-up (which also compiles this library's kernels once), on the same inputs. It
+prints the median time of each and the median of the per-repeat ratios.
 """
 from __future__ import annotations
 
@@ -67,27 +70,36 @@ def main(argv=None) -> int:
     ddf.requires_grad_(True)
     warp = Warp(mode="bilinear", padding_mode="border")  # MONAI's defaults
     step = lambda: _step(warp, moving, fixed, ddf)  # noqa: E731
+    fused = gridsampler3d.Warp3d(mode="bilinear", padding_mode="border", align_corners=True)  # the same warp
+    fused_step = lambda: _step(fused, moving, fixed, ddf)  # noqa: E731
 
     losses = {}
     for patched in (False, True):
         with gridsampler3d.patched() if patched else contextlib.nullcontext():
             for _ in range(args.warmup):
                 losses[patched] = float(step().detach())
-    torch_times, ours_times = [], []
+    for _ in range(args.warmup):
+        losses["fused"] = float(fused_step().detach())
+    torch_times, ours_times, fused_times = [], [], []
     for _ in range(args.repeats):
         torch_times.append(_timed(step))
         with gridsampler3d.patched():
             ours_times.append(_timed(step))
+        fused_times.append(_timed(fused_step))
     ratios = [theirs / ours for theirs, ours in zip(torch_times, ours_times)]
+    fused_ratios = [theirs / ours for theirs, ours in zip(torch_times, fused_times)]
 
     print(f"MONAI {__import__('monai').__version__} Warp (bilinear, border) + MSE + backward to the DDF; "
           f"volume {args.size}^3 x {args.channels} channel(s), float32, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}, {args.repeats} repeats")
-    print(f"loss PyTorch {losses[False]:.6g}, patched {losses[True]:.6g}")
+    print(f"loss PyTorch {losses[False]:.6g}, patched {losses[True]:.6g}, fused {losses['fused']:.6g}")
     print(f"step time, median: PyTorch {statistics.median(torch_times) * 1e3:.1f} ms, "
-          f"gridsampler3d.patched() {statistics.median(ours_times) * 1e3:.1f} ms")
+          f"gridsampler3d.patched() {statistics.median(ours_times) * 1e3:.1f} ms, "
+          f"gridsampler3d.Warp3d {statistics.median(fused_times) * 1e3:.1f} ms")
     print(f"median ratio (PyTorch / patched): {statistics.median(ratios):.2f}x "
           f"(per-repeat range {min(ratios):.2f}x to {max(ratios):.2f}x)")
+    print(f"median ratio (PyTorch / fused Warp3d): {statistics.median(fused_ratios):.2f}x "
+          f"(per-repeat range {min(fused_ratios):.2f}x to {max(fused_ratios):.2f}x)")
     return 0
 
 

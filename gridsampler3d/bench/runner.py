@@ -14,6 +14,7 @@ import torch
 
 from .. import __version__, api
 from ..modes import parse_interpolation, parse_padding
+from ..torch_ops import Warp3d
 from .suite import BenchCase, build_inputs, select_cases
 
 __all__ = ["run_suite", "machine_info", "write_plot", "format_table"]
@@ -112,7 +113,61 @@ def machine_info(device: str = "cpu") -> dict:
     return info
 
 
+def plumbed_warp(volume, displacement, mode: str, padding: str, align_corners: bool):
+    """PyTorch's registration step as VoxelMorph and MONAI write it: identity + displacement,
+    normalised per axis, stacked as (x, y, z), then ``F.grid_sample``."""
+    sizes = volume.shape[2:]
+    axes = [torch.arange(size, device=volume.device, dtype=displacement.dtype) for size in sizes]
+    position = torch.stack(torch.meshgrid(*axes, indexing="ij")).unsqueeze(0) + displacement
+    normalised = [2 * position[:, axis] / max(size - 1, 1) - 1 if align_corners
+                  else (2 * position[:, axis] + 1) / size - 1 for axis, size in enumerate(sizes)]
+    grid = torch.stack(normalised[::-1], dim=-1)
+    return torch.nn.functional.grid_sample(volume, grid, mode, padding, align_corners)
+
+
+def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -> dict:
+    """The registration step: forward, backward (to both inputs) and the whole step, ours (Warp3d) and PyTorch's."""
+    (grad, volume, displacement), _ = build_inputs(case, device, scale)
+    warp = Warp3d(case.mode, case.padding, case.align_corners)
+
+    def plumbed(v, d):
+        return plumbed_warp(v, d, case.mode, case.padding, case.align_corners)
+
+    leaves = (volume.clone().requires_grad_(), displacement.clone().requires_grad_())
+
+    def step(function):
+        def run():
+            output = function(*leaves)
+            return torch.autograd.grad(output, leaves, grad)
+        return run
+
+    def forward(function):
+        def run():
+            with torch.no_grad():
+                return function(volume, displacement)
+        return run
+
+    def backward(function):
+        output = function(*leaves)  # one graph, its backward timed again and again
+
+        def run():
+            return torch.autograd.grad(output, leaves, grad, retain_graph=True)
+        return run
+
+    result = {"case": case.describe(), "in_size": volume.shape[2]}
+    for stage, make in (("forward", forward), ("backward", backward), ("step", step)):
+        torch_time = time_call(make(plumbed), device, repeats=repeats)
+        our_time = time_call(make(warp), device, repeats=repeats)
+        result[stage] = {"torch": torch_time, "ours": our_time, "ratio": torch_time["median_s"] / our_time["median_s"]}
+    if device == "cpu":
+        result["step"]["peak_bytes"] = {"torch": peak_memory(step(plumbed)), "ours": peak_memory(step(warp))}
+        result["backward"]["peak_bytes"] = result["step"]["peak_bytes"]
+    return result
+
+
 def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale: float) -> dict:
+    if case.baseline == "plumbing":
+        return _bench_warp_case(case, device, repeats, scale)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, device, scale)
     codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
     attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
@@ -167,7 +222,10 @@ def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None,
         echo(f"geometric mean ratio against PyTorch: forward {summary['forward']['geomean_ratio']:.2f}x, "
              f"backward {summary['backward']['geomean_ratio']:.2f}x "
              f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)")
-    if len(against_torch) < len(results):
+    for result in results:
+        if result["case"]["baseline"] == "plumbing":
+            echo(format_step(result))
+    if any(r["case"]["baseline"] == "bilinear" for r in results):
         echo("bicubic rows: the 'torch' columns time this library's bilinear on the same inputs; "
              "ratio = bilinear time / bicubic time")
     return {"machine": machine_info(device), "backend": backend, "repeats": repeats, "scale": scale,
@@ -179,6 +237,16 @@ def format_header() -> str:
             f"{'ratio':>6}  {'bwd peak MB torch/ours':>22}")
 
 
+def format_step(result: dict) -> str:
+    """The warp step's line: forward + backward to both inputs, and its peak memory, PyTorch's against ours."""
+    step = result["step"]
+    peaks = step.get("peak_bytes", {})
+    return (f"{result['case']['name']} step (Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + "
+            f"backward to volume and displacement): {step['torch']['median_s'] * 1e3:.1f} ms / "
+            f"{step['ours']['median_s'] * 1e3:.1f} ms = {step['ratio']:.2f}x; peak memory "
+            f"{_megabytes(peaks.get('torch'))} MB / {_megabytes(peaks.get('ours'))} MB")
+
+
 def _megabytes(value) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
 
@@ -187,7 +255,8 @@ def format_row(result: dict) -> str:
     forward, backward = result["forward"], result["backward"]
     peaks = backward.get("peak_bytes", {})
     peak = f"{_megabytes(peaks.get('torch'))}/{_megabytes(peaks.get('ours'))}"
-    marker = "" if result["case"]["baseline"] == "torch" else "  (vs our bilinear)"
+    marker = {"torch": "", "bilinear": "  (vs our bilinear)", "plumbing": "  (Warp3d vs plumbing + grid_sample)"}[
+        result["case"]["baseline"]]
     return (f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
             f"{forward['ours']['median_s'] * 1e3:7.1f}ms {forward['ratio']:5.2f}x  "
             f"{backward['torch']['median_s'] * 1e3:8.1f}ms {backward['ours']['median_s'] * 1e3:7.1f}ms "
@@ -208,6 +277,7 @@ def format_table(report: dict) -> str:
     """The report as Markdown tables (for the README): cases against PyTorch, then bicubic against bilinear."""
     against_torch = [r for r in report["results"] if r["case"]["baseline"] == "torch"]
     bicubic = [r for r in report["results"] if r["case"]["baseline"] == "bilinear"]
+    warps = [r for r in report["results"] if r["case"]["baseline"] == "plumbing"]
     lines = []
     if against_torch:
         summary = report["summary"]
@@ -220,6 +290,17 @@ def format_table(report: dict) -> str:
                   "| bicubic case | forward bilinear (ours) | forward bicubic | ratio | backward bilinear (ours) "
                   "| backward bicubic | ratio |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
                   *_markdown_rows(bicubic)]
+    if warps:
+        lines += ["" if lines else None,
+                  "| warp step | forward PyTorch | forward Warp3d | ratio | backward PyTorch | backward Warp3d | ratio "
+                  "| step PyTorch | step Warp3d | ratio | peak MB PyTorch / Warp3d |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for result, row in zip(warps, _markdown_rows(warps)):
+            step = result["step"]
+            peaks = step.get("peak_bytes", {})
+            lines.append(f"{row} {step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms"
+                         f" | {step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / "
+                         f"{_megabytes(peaks.get('ours'))} |")
     return "\n".join(line for line in lines if line is not None)
 
 

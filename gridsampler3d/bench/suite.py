@@ -7,7 +7,7 @@ import torch
 
 from .. import cases
 
-__all__ = ["BenchCase", "SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs"]
+__all__ = ["BenchCase", "SUITE", "WARP_SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs"]
 
 
 @dataclass(frozen=True)
@@ -19,15 +19,18 @@ class BenchCase:
     channels: int
     in_size: int
     out_size: int
-    grid_kind: str  # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped)
+    # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped) |
+    # displacement (a smooth field of a few voxels, for the fused warp: no grid)
+    grid_kind: str
     mode: str
     padding: str
     align_corners: bool
     dtype: str  # float16 | bfloat16 | float32 | float64
     layout: str  # NCDHW | NDHWC
-    # What the case is timed against: PyTorch's op, or (for bicubic, which PyTorch lacks
-    # in 3-D) this library's own bilinear sampling on the same inputs.
-    baseline: str = "torch"  # torch | bilinear
+    # What the case is timed against: PyTorch's op; or (for bicubic, which PyTorch lacks
+    # in 3-D) this library's own bilinear sampling on the same inputs; or (for the fused
+    # warp) PyTorch's registration step: grid plumbing plus F.grid_sample, under autograd.
+    baseline: str = "torch"  # torch | bilinear | plumbing
 
     def describe(self) -> dict:
         return asdict(self)
@@ -43,6 +46,10 @@ SUITE = (
     BenchCase("fp64", 1, 8, 64, 64, "affine", "bilinear", "reflection", False, "float64", "NCDHW"),
     BenchCase("up2x", 1, 4, 64, 128, "identity", "bilinear", "border", True, "float32", "NCDHW"),
 )
+# A VoxelMorph-style warp step: Warp3d (fused) against PyTorch's grid plumbing + F.grid_sample.
+WARP_SUITE = (
+    BenchCase("warp128", 1, 1, 128, 128, "displacement", "bilinear", "border", True, "float32", "NCDHW", "plumbing"),
+)
 # Tricubic sampling against this library's bilinear at equal size (64 taps against 8).
 BICUBIC_SUITE = (
     BenchCase("cubic64", 1, 4, 64, 64, "warp", "bicubic", "zeros", False, "float32", "NCDHW", "bilinear"),
@@ -51,12 +58,13 @@ BICUBIC_SUITE = (
 
 
 def select_cases(names=None) -> list[BenchCase]:
-    """The suite (PyTorch cases, then bicubic ones), or the cases named (a list or a comma-separated string)."""
+    """The suite (PyTorch cases, the warp step, then bicubic ones), or the cases named (a list or a
+    comma-separated string)."""
     if not names:
-        return list(SUITE + BICUBIC_SUITE)
+        return list(SUITE + WARP_SUITE + BICUBIC_SUITE)
     if isinstance(names, str):
         names = [name.strip() for name in names.split(",") if name.strip()]
-    by_name = {case.name: case for case in SUITE + BICUBIC_SUITE}
+    by_name = {case.name: case for case in SUITE + WARP_SUITE + BICUBIC_SUITE}
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
@@ -64,6 +72,10 @@ def select_cases(names=None) -> list[BenchCase]:
 
 
 def _grid(case: BenchCase, out_size: int) -> torch.Tensor:
+    if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
+        field = cases.smooth_displacement(case.batch, out_size, magnitude=0.016 * out_size, seed=1,
+                                          dtype=torch.float64)
+        return field.permute(0, 4, 1, 2, 3).contiguous()
     if case.grid_kind == "warp":
         return cases.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)
     if case.grid_kind == "affine":
@@ -79,6 +91,8 @@ def _grid(case: BenchCase, out_size: int) -> torch.Tensor:
 
 def build_inputs(case: BenchCase, device="cpu", scale: float = 1.0):
     """Inputs of ``case``: ``(grad, x, grid)`` in the case's layout, and PyTorch's NCDHW views of them.
+
+    For a displacement case the "grid" is the displacement (N, 3, D, H, W) in voxels.
 
     Returns ``((grad, x, grid), (grad_ncdhw, x_ncdhw))``; for NDHWC the NCDHW views are
     channels-last strided, which is how PyTorch itself takes channels-last data.
