@@ -7,7 +7,8 @@ moving image back onto the fixed one, minimising
     MSE(warp(moving, u), fixed) + smoothness_weight * mean squared finite differences of u
 
 where ``u`` (1, 3, S, S, S), in voxels, is a coarse control lattice upsampled trilinearly,
-and ``warp`` is ``Warp3d``, so each step runs this library's forward and backward. Since
+and ``warp`` is ``Warp3d``, the fused warp: each step samples at identity + u in this
+library's kernels, with no grid tensor, and gets d(loss)/du from them directly. Since
 ``u`` is linear between control points, its finite differences are taken on the lattice
 (per voxel of the image), which spares a dozen full-size operations per step. The labels
 of the structures, warped with nearest sampling, give the Dice overlap before and after.
