@@ -43,9 +43,17 @@ from gridsampler3d.gpu import backward, bicubic, forward  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 F32, F64 = tl.float32, tl.float64
 # Integer arguments a launch passes as 1 (Triton makes them constexpr): the unit strides of
-# each layout and of the grid. The "sizes of 1" configuration also has one-voxel sizes.
-UNIT_STRIDES = {"NCDHW": ("x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "grid_stride_k"),
-                "NDHWC": ("x_stride_c", "y_stride_c", "dx_stride_c", "grad_stride_c", "grid_stride_k")}
+# each layout and of the grid and its gradient. The "sizes of 1" configuration also has
+# one-voxel sizes. The fused warp ("warp" layouts) reads an NCDHW volume and a displacement
+# (N, 3, D, H, W) whose unit stride is along w, or (N, D, H, W, 3) whose unit stride is the component's.
+UNIT_STRIDES = {"NCDHW": ("x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "grid_stride_k",
+                          "dgrid_stride_k"),
+                "NDHWC": ("x_stride_c", "y_stride_c", "dx_stride_c", "grad_stride_c", "grid_stride_k",
+                          "dgrid_stride_k"),
+                "NCDHW warp N3DHW": ("x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "grid_stride_w",
+                                     "dgrid_stride_w"),
+                "NDHWC warp NDHW3": ("x_stride_c", "y_stride_c", "dx_stride_c", "grad_stride_c", "grid_stride_k",
+                                     "dgrid_stride_k")}
 SIZES_OF_ONE = ("depth", "channels", "x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "out_width")
 # Integer arguments not divisible by 16 in a 128^3, C = 16 launch (Triton marks the others
 # as multiples of 16, as it marks every 16-byte aligned pointer).
@@ -75,7 +83,9 @@ def data(dtype, *names, **others):
 
 def case(label, kernel, pointers, constants, layout=None, num_warps=4):
     """A configuration the engine launches (``layout`` given: realistic specialisation) or, without
-    a layout, one with sizes of 1, which only checks that the kernel compiles with them."""
+    a layout, one with sizes of 1, which only checks that the kernel compiles with them. A layout
+    with "warp" in its name is the fused warp's (``VOXELS``); the others sample at a grid."""
+    constants = {**constants, "VOXELS": layout is not None and "warp" in layout}
     return {"label": label, "kernel": kernel, "pointers": pointers, "constants": constants,
             "ones": UNIT_STRIDES[layout] if layout else SIZES_OF_ONE, "num_warps": num_warps}
 
@@ -98,6 +108,31 @@ def _row_kernels():
                                   dict(INTERPOLATION=interpolation, PADDING=0, ALIGN_CORNERS=False, ACC=F32,
                                        WANT_DX=True, WANT_DGRID=interpolation == 0, BLOCK_W=bwd_w, **patch), layout))
     return cases
+
+
+def _warp_kernels():
+    """The fused warp's configurations: each kernel once with ``VOXELS``, float32, in both displacement layouts."""
+    flat = data("fp32", "grad_ptr", "grid_ptr", "dx_ptr", order_ptr="i64", starts_ptr="i32", chunk_starts_ptr="i32",
+                partials_ptr="fp32")
+    return [
+        case("warp forward bilinear fp32 N3DHW, reflection", forward.grid_sampler3d_fwd_kernel,
+             data("fp32", "x_ptr", "grid_ptr", "y_ptr"),
+             dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=True, ACC=F32, BLOCK_D=1, BLOCK_H=1, BLOCK_W=128,
+                  BLOCK_C=1), "NCDHW warp N3DHW"),
+        case("warp backward bilinear fp32 NDHW3", backward.grid_sampler3d_bwd_kernel,
+             data("fp32", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
+             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, ACC=F32, WANT_DX=True, WANT_DGRID=True, BLOCK_D=1,
+                  BLOCK_H=1, BLOCK_W=16, BLOCK_C=16), "NDHWC warp NDHW3"),
+        case("warp bucket keys N3DHW", backward.bucket_keys_kernel, data("fp32", "grid_ptr", keys_ptr="i32"),
+             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, BLOCK_P=256), "NCDHW warp N3DHW"),
+        case("warp dx gather bilinear fp32 N3DHW", backward.dx_gather_kernel, flat,
+             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, ACC=F32, SPLIT=True, BLOCK_V=128, BLOCK_C=1),
+             "NCDHW warp N3DHW"),
+        case("warp bicubic backward fp32 N3DHW", bicubic.bicubic_bwd_kernel,
+             data("fp32", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
+             dict(PADDING=1, ALIGN_CORNERS=True, ACC=F32, WANT_DX=True, WANT_DGRID=True, BLOCK_P=128, BLOCK_C=1),
+             "NCDHW warp N3DHW"),
+    ]
 
 
 CASES = [
@@ -151,6 +186,7 @@ CASES = [
     case("bicubic dx gather fp32 NDHWC", bicubic.bicubic_dx_gather_kernel,
          data("fp32", "grad_ptr", "grid_ptr", "dx_ptr", order_ptr="i64", starts_ptr="i32"),
          dict(ALIGN_CORNERS=False, ACC=F32, FIRST_CHUNK=False, BLOCK_V=64, BLOCK_C=16), "NDHWC"),
+    *_warp_kernels(),
 ]
 
 # An integer multiply on 32-bit values (scalar or tensor) in the Triton IR.

@@ -5,9 +5,10 @@ import contextlib
 import itertools
 
 import torch
+import torch.nn.functional as F
 
 import gridsampler3d as gs
-from gridsampler3d import precision
+from gridsampler3d import composite, precision
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_IDS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
@@ -67,6 +68,80 @@ def assert_forward_matches(x, grid, mode="bilinear", padding="zeros", align_corn
     report = precision.compare(f"{label} y", y, golden, competitor, dtype)
     assert report.passed, str(report)
     return y
+
+
+def make_warp_case(batch=2, channels=2, size=(3, 4, 5), dtype=torch.float64, data_format="NCDHW",
+                   displacement_format="N3DHW", seed=0, spread=2.5):
+    """Random (grad, volume, displacement) in the given formats; the displacement (voxels) is normal
+    with standard deviation ``spread``, so that many points leave the volume."""
+    generator = torch.Generator().manual_seed(seed)
+    volume = torch.randn((batch, channels) + tuple(size), generator=generator, dtype=torch.float64)
+    grad = torch.randn((batch, channels) + tuple(size), generator=generator, dtype=torch.float64)
+    displacement = spread * torch.randn((batch, 3) + tuple(size), generator=generator, dtype=torch.float64)
+    if data_format == "NDHWC":
+        volume, grad = volume.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
+    if displacement_format == "NDHW3":
+        displacement = displacement.permute(0, 2, 3, 4, 1).contiguous()
+    return grad.to(dtype), volume.to(dtype), displacement.to(dtype)
+
+
+def _warp_by_hand(volume, displacement, mode, padding, align_corners, data_format, displacement_format):
+    """y as a PyTorch user warps: identity + displacement normalised into a grid, then F.grid_sample
+    (bicubic, which PyTorch lacks in 3-D: the torch composite); returns (y, logical x, logical field)."""
+    channels_last = data_format == "NDHWC"
+    x = volume.permute(0, 4, 1, 2, 3) if channels_last else volume
+    field = displacement.permute(0, 4, 1, 2, 3) if displacement_format == "NDHW3" else displacement
+    if mode == "bicubic":
+        y = composite.warp(x, field, 2, int(gs.modes.parse_padding(padding)), align_corners)
+    else:
+        depth, height, width = field.shape[2:]
+        axes = [torch.arange(size, dtype=field.dtype) for size in (depth, height, width)]
+        zz, yy, xx = torch.meshgrid(*axes, indexing="ij")
+        positions = torch.stack([xx + field[:, 2], yy + field[:, 1], zz + field[:, 0]], dim=-1)
+        sizes = torch.tensor([width, height, depth], dtype=field.dtype)
+        grid = positions * 2 / (sizes - 1) - 1 if align_corners else (positions * 2 + 1) / sizes - 1
+        y = F.grid_sample(x, grid, mode, padding, align_corners)
+    return (y.permute(0, 2, 3, 4, 1) if channels_last else y), x, field
+
+
+def competitor_warp(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
+                    data_format="NCDHW", displacement_format="N3DHW"):
+    """(y, dvolume, ddisplacement) of :func:`_warp_by_hand` in the compute dtype (half types: float32 on
+    the upcast inputs), rounded back: the SPEC section 5 competitor of the fused warp."""
+    dtype = volume.dtype
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    volume = volume.detach().cpu().to(compute).requires_grad_(True)
+    displacement = displacement.detach().cpu().to(compute).requires_grad_(True)
+    with torch.enable_grad():
+        y, _, _ = _warp_by_hand(volume, displacement, mode, padding, align_corners, data_format, displacement_format)
+        dvolume, ddisplacement = torch.autograd.grad(y, (volume, displacement), grad.detach().cpu().to(compute))
+    return tuple(tensor.detach().to(dtype) for tensor in (y, dvolume, ddisplacement))
+
+
+def assert_warp_matches(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
+                        data_format="NCDHW", displacement_format="N3DHW", backend="auto", output_mask=(True, True),
+                        label="", **extra):
+    """Run the library's warp3d and warp3d_backward and assert the SPEC section 5 rule on y, dvolume and
+    ddisplacement (the golden: the float64 reference; the competitor: :func:`competitor_warp`)."""
+    dtype = volume.dtype
+    formats = dict(data_format=data_format, displacement_format=displacement_format)
+    y = gs.warp3d(volume, displacement, mode, padding, align_corners, backend=backend, **formats)
+    ours = (y, *gs.warp3d_backward(grad, volume, displacement, mode, padding, align_corners, output_mask,
+                                   backend=backend, **formats, **extra))
+    wide = [tensor.detach().cpu().double() for tensor in (grad, volume, displacement)]
+    golden = (gs.warp3d(*wide[1:], mode, padding, align_corners, backend="reference", **formats),
+              *gs.warp3d_backward(*wide, mode, padding, align_corners, backend="reference", **formats))
+    competitor = competitor_warp(grad, volume, displacement, mode, padding, align_corners, **formats)
+    for index, (name, like) in enumerate(zip(("y", "dvolume", "ddisplacement"), (volume, volume, displacement))):
+        if index and not output_mask[index - 1]:
+            assert ours[index] is None, f"{label} {name}: not asked for, but computed"
+            continue
+        assert ours[index] is not None, f"{label} {name}: asked for, but None"
+        assert tuple(ours[index].shape) == tuple(like.shape), f"{label} {name}: shape {tuple(ours[index].shape)}"
+        assert ours[index].dtype == dtype, f"{label} {name}: dtype {ours[index].dtype}"
+        report = precision.compare(f"{label} {name}", ours[index], golden[index], competitor[index], dtype)
+        assert report.passed, str(report)
+    return ours
 
 
 @contextlib.contextmanager

@@ -10,14 +10,18 @@ inside), a stable sort groups points by key in point order, and ``dx_gather_kern
 gives each voxel its sum over the (up to eight) buckets whose cells touch it, in a fixed
 order: taps in PyTorch's order, points ascending within a bucket. Nothing depends on
 timing, so the result is bitwise the same on every run.
+
+With ``VOXELS`` (the fused warp) every kernel reads a displacement in place of the grid,
+as the forward does, and the grid gradient is written through ``dgrid``'s strides, given
+in the same grid order: d(displacement) lands in the displacement's own layout.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .coords import (NEAREST, base_corner, cell_taps, linear_weight, point_indices, point_offset, tap_weight, tile_points,
-                     wide)
+from .coords import (NEAREST, base_corner, cell_taps, linear_weight, point_indices, point_offset, point_position,
+                     store_point_gradient, tap_weight, tile_points, wide)
 
 
 @triton.jit
@@ -28,11 +32,12 @@ def grid_sampler3d_bwd_kernel(
     x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w, dgrid_stride_k,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
+    ACC: tl.constexpr, WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """dx += grad pushed through the taps (atomics, WANT_DX); dgrid (N, Do, Ho, Wo, 3) contiguous (WANT_DGRID).
+    """dx += grad pushed through the taps (atomics, WANT_DX); dgrid (N, Do, Ho, Wo, 3) through its strides (WANT_DGRID).
 
     Launch grid: ``coords.tile_points``, as the forward. ``dx`` is zeroed by the
     caller and has the accumulation dtype ``ACC``; every program loops over all channels
@@ -43,8 +48,8 @@ def grid_sampler3d_bwd_kernel(
     out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     n, d, h, w, point_mask = tile_points(out_depth, out_height, out_width, BLOCK_D, BLOCK_H, BLOCK_W)
     grid_offset = n * grid_stride_n + d * grid_stride_d + h * grid_stride_h + w * grid_stride_w
-    ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
-                                           PADDING, ALIGN_CORNERS, False)
+    ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width, d,
+                                           h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
     x_offsets, insides, weights = cell_taps(ix, iy, iz, depth, height, width, x_stride_d, x_stride_h, x_stride_w,
                                             INTERPOLATION, ACC)
     dx_offsets, _, _ = cell_taps(ix, iy, iz, depth, height, width, dx_stride_d, dx_stride_h, dx_stride_w,
@@ -93,17 +98,17 @@ def grid_sampler3d_bwd_kernel(
                 grad_y += term_y if step_y else -term_y
                 grad_z += term_z if step_z else -term_z
     if WANT_DGRID:
-        out = dgrid_ptr + (((n * out_depth + d) * out_height + h) * out_width + w) * 3
-        tl.store(out, grad_x * mx, mask=point_mask)
-        tl.store(out + 1, grad_y * my, mask=point_mask)
-        tl.store(out + 2, grad_z * mz, mask=point_mask)
+        out = point_offset(n, d, h, w, dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w)
+        store_point_gradient(dgrid_ptr, out, dgrid_stride_k, point_mask, grad_x * mx, grad_y * my, grad_z * mz,
+                             VOXELS)
 
 
 @triton.jit
 def bucket_keys_kernel(
     grid_ptr, keys_ptr, points, depth, height, width, out_depth, out_height, out_width,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, BLOCK_P: tl.constexpr,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """keys[p] (int64): the lowest corner of point p's cell in the padded (N, D+1, H+1, W+1) index space.
 
@@ -114,15 +119,14 @@ def bucket_keys_kernel(
     out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
-    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                               grid_stride_h, grid_stride_w)
-    ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
-                                        PADDING, ALIGN_CORNERS, False)
+    batch, d, h, w = point_position(point, out_depth, out_height, out_width)
+    grid_offset = point_offset(batch, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
+    ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width, d, h,
+                                        w, PADDING, ALIGN_CORNERS, False, VOXELS)
     x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
     lowest = 0 if INTERPOLATION == NEAREST else -1
     touches = ((x0 >= lowest) & (x0 < width) & (y0 >= lowest) & (y0 < height) & (z0 >= lowest)
                & (z0 < depth))
-    batch = point // (out_depth * out_height * out_width)
     key = ((batch * (depth + 1) + z0 + 1) * (height + 1) + y0 + 1) * (width + 1) + x0 + 1
     beyond = (points // (out_depth * out_height * out_width)) * (depth + 1) * (height + 1) * (width + 1)
     tl.store(keys_ptr + point, tl.where(touches, key, beyond), mask=point_mask)
@@ -135,8 +139,8 @@ def dx_gather_kernel(
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
+    ACC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
 
@@ -174,17 +178,16 @@ def dx_gather_kernel(
         for k in range(0, tl.max(count, axis=0)):
             live = voxel_mask & (k < count)
             point = tl.load(order_ptr + first + k, mask=live, other=0)
-            grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                                       grid_stride_h, grid_stride_w)
-            grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
-                                       grad_stride_h, grad_stride_w)
+            n, d, h, w = point_position(point, out_depth, out_height, out_width)
+            grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
             grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
                            mask=live[:, None] & channel_mask, other=0.0).to(ACC)
             if INTERPOLATION == NEAREST:
                 total += grad
             else:
-                ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width,
-                                                    PADDING, ALIGN_CORNERS, False)
+                grid_offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
+                ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width, d,
+                                                    h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
                 weight = (tap_weight(ix, base_corner(ix, INTERPOLATION), step_x)
                           * tap_weight(iy, base_corner(iy, INTERPOLATION), step_y)
                           * tap_weight(iz, base_corner(iz, INTERPOLATION), step_z))
@@ -200,8 +203,8 @@ def bucket_partials_kernel(
     chunks, channels, depth, height, width, out_depth, out_height, out_width,
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
+    ACC: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """partials (chunks, taps, C) in ``ACC``: per chunk of at most CHUNK consecutive entries
     of a long bucket (``order[chunk_first] ..``, ``chunk_count`` of them), per tap, the sum of
@@ -224,17 +227,16 @@ def bucket_partials_kernel(
     for k in range(0, CHUNK):
         live = chunk_mask & (k < count)
         point = tl.load(order_ptr + first + k, mask=live, other=0)
-        grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
-                                   grad_stride_h, grad_stride_w)
+        n, d, h, w = point_position(point, out_depth, out_height, out_width)
+        grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
         grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
                        mask=live[:, None] & channel_mask, other=0.0).to(ACC)
         if INTERPOLATION == NEAREST:
             total += grad
         else:
-            grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                                       grid_stride_h, grid_stride_w)
-            ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width,
-                                                PADDING, ALIGN_CORNERS, False)
+            grid_offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
+            ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width, d, h,
+                                                w, PADDING, ALIGN_CORNERS, False, VOXELS)
             # The same product, in the same order, as dx_gather_kernel's.
             weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), tap & 1)
                       * linear_weight(iy, base_corner(iy, INTERPOLATION), (tap >> 1) & 1)

@@ -11,21 +11,30 @@ points, to the same voxel, so cells cannot be bucketed by corner as for trilinea
 ``bicubic_tap_keys_kernel`` writes the destination voxel of every (point, tap) entry; a
 stable sort groups entries by voxel in (point, tap) order, and ``bicubic_dx_gather_kernel``
 adds each voxel's group in that order onto what earlier chunks of points left there.
+
+With ``VOXELS`` (the fused warp) the "grid" is a displacement, read and its gradient
+written as by the trilinear kernels (:mod:`.backward`): the point's index is its
+position plus the displacement, slope 1.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .coords import cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset, unnormalize, wide
+from .coords import (component_offsets, cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset,
+                     point_position, store_point_gradient, unnormalize, wide)
 
 
 @triton.jit
-def _grid_point(grid_ptr, offset, step, mask, depth, height, width, ALIGN_CORNERS: tl.constexpr):
-    """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64."""
-    ix, mx = unnormalize(tl.load(grid_ptr + offset, mask=mask, other=0.0), width, ALIGN_CORNERS)
-    iy, my = unnormalize(tl.load(grid_ptr + offset + step, mask=mask, other=0.0), height, ALIGN_CORNERS)
-    iz, mz = unnormalize(tl.load(grid_ptr + offset + 2 * wide(step), mask=mask, other=0.0), depth, ALIGN_CORNERS)
+def _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k, mask,
+                depth, height, width, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr):
+    """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64, of the output
+    points (n, d, h, w)."""
+    offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
+    at_x, at_y, at_z = component_offsets(offset, grid_stride_k, VOXELS)
+    ix, mx = unnormalize(tl.load(grid_ptr + at_x, mask=mask, other=0.0), width, w, ALIGN_CORNERS, VOXELS)
+    iy, my = unnormalize(tl.load(grid_ptr + at_y, mask=mask, other=0.0), height, h, ALIGN_CORNERS, VOXELS)
+    iz, mz = unnormalize(tl.load(grid_ptr + at_z, mask=mask, other=0.0), depth, d, ALIGN_CORNERS, VOXELS)
     return ix, iy, iz, tl.floor(ix), tl.floor(iy), tl.floor(iz), mx, my, mz
 
 
@@ -36,8 +45,8 @@ def bicubic_fwd_kernel(
     x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     y_stride_n, y_stride_c, y_stride_d, y_stride_h, y_stride_w,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3), summed in ``ACC``."""
     depth, height, width = wide(depth), wide(height), wide(width)
@@ -46,11 +55,11 @@ def bicubic_fwd_kernel(
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     point_mask = point < points
     tile_mask = point_mask[:, None] & (channel < channels)[None, :]
-    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                               grid_stride_h, grid_stride_w)
-    ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height,
-                                                  width, ALIGN_CORNERS)
-    batch_offset = (point // (out_depth * out_height * out_width)) * x_stride_n
+    n, d, h, w = point_position(point, out_depth, out_height, out_width)
+    ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
+                                                  grid_stride_w, grid_stride_k, point_mask, depth, height, width,
+                                                  ALIGN_CORNERS, VOXELS)
+    batch_offset = n * x_stride_n
     channel_offset = (channel * x_stride_c)[None, :]
     # Separable, as the reference: along x within each (z, y) row, then along y, then z.
     total = tl.zeros([BLOCK_P, BLOCK_C], ACC)
@@ -68,7 +77,7 @@ def bicubic_fwd_kernel(
                 row += value.to(ACC) * cubic_weight(ix - x0, i).to(ACC)[:, None]
             plane += row * cubic_weight(iy - y0, j).to(ACC)[:, None]
         total += plane * cubic_weight(iz - z0, k).to(ACC)[:, None]
-    out_offset = point_offset(point, out_depth, out_height, out_width, y_stride_n, y_stride_d, y_stride_h, y_stride_w)
+    out_offset = point_offset(n, d, h, w, y_stride_n, y_stride_d, y_stride_h, y_stride_w)
     tl.store(y_ptr + out_offset[:, None] + (channel * y_stride_c)[None, :], total, mask=tile_mask)
 
 
@@ -80,21 +89,21 @@ def bicubic_bwd_kernel(
     x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr,
+    dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w, dgrid_stride_k,
+    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr,
     WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer) and/or dgrid (contiguous, float64 sums)."""
+    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer) and/or dgrid (through its strides,
+    float64 sums)."""
     depth, height, width = wide(depth), wide(height), wide(width)
     out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
     point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point_mask = point < points
-    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                               grid_stride_h, grid_stride_w)
-    ix, iy, iz, x0, y0, z0, mx, my, mz = _grid_point(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height,
-                                                     width, ALIGN_CORNERS)
-    batch = point // (out_depth * out_height * out_width)
-    grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
-                               grad_stride_h, grad_stride_w)
+    batch, d, h, w = point_position(point, out_depth, out_height, out_width)
+    ix, iy, iz, x0, y0, z0, mx, my, mz = _grid_point(grid_ptr, batch, d, h, w, grid_stride_n, grid_stride_d,
+                                                     grid_stride_h, grid_stride_w, grid_stride_k, point_mask, depth,
+                                                     height, width, ALIGN_CORNERS, VOXELS)
+    grad_offset = point_offset(batch, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
     grad_x = tl.zeros([BLOCK_P], tl.float64)
     grad_y = tl.zeros([BLOCK_P], tl.float64)
     grad_z = tl.zeros([BLOCK_P], tl.float64)
@@ -149,17 +158,16 @@ def bicubic_bwd_kernel(
             grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
             grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
     if WANT_DGRID:
-        out = dgrid_ptr + point * 3
-        tl.store(out, grad_x * mx, mask=point_mask)
-        tl.store(out + 1, grad_y * my, mask=point_mask)
-        tl.store(out + 2, grad_z * mz, mask=point_mask)
+        out = point_offset(batch, d, h, w, dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w)
+        store_point_gradient(dgrid_ptr, out, dgrid_stride_k, point_mask, grad_x * mx, grad_y * my, grad_z * mz,
+                             VOXELS)
 
 
 @triton.jit
 def bicubic_tap_keys_kernel(
     grid_ptr, keys_ptr, first_point, last_point, voxels, depth, height, width, out_depth, out_height, out_width,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, BLOCK_P: tl.constexpr,
+    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """keys[64 * q + tap] (int64): the voxel (n, z, y, x) that tap ``tap`` of point first_point + q lands in,
     or ``voxels`` (N * D * H * W, past every voxel) when it lands outside; points up to ``last_point``."""
@@ -168,11 +176,10 @@ def bicubic_tap_keys_kernel(
     local = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     point = first_point + local
     point_mask = point < last_point
-    grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                               grid_stride_h, grid_stride_w)
-    _, _, _, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width,
-                                               ALIGN_CORNERS)
-    batch = point // (out_depth * out_height * out_width)
+    batch, d, h, w = point_position(point, out_depth, out_height, out_width)
+    _, _, _, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, batch, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
+                                               grid_stride_w, grid_stride_k, point_mask, depth, height, width,
+                                               ALIGN_CORNERS, VOXELS)
     for k in tl.static_range(4):
         cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
         for j in tl.static_range(4):
@@ -191,8 +198,8 @@ def bicubic_dx_gather_kernel(
     grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
     dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    ALIGN_CORNERS: tl.constexpr, ACC: tl.constexpr, FIRST_CHUNK: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr, FIRST_CHUNK: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """dx (``ACC``, N, C, D, H, W) += this chunk's entries, in sorted (point, tap) order; every element written.
 
@@ -223,14 +230,13 @@ def bicubic_dx_gather_kernel(
         code = tl.load(order_ptr + first + entry, mask=live, other=0)
         point = first_point + code // 64
         tap = code % 64
-        grid_offset = point_offset(point, out_depth, out_height, out_width, grid_stride_n, grid_stride_d,
-                                   grid_stride_h, grid_stride_w)
-        ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, grid_offset, grid_stride_k, live, depth, height,
-                                                      width, ALIGN_CORNERS)
+        n, d, h, w = point_position(point, out_depth, out_height, out_width)
+        ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
+                                                      grid_stride_w, grid_stride_k, live, depth, height, width,
+                                                      ALIGN_CORNERS, VOXELS)
         weight = (cubic_weight_at(ix - x0, tap % 4) * cubic_weight_at(iy - y0, (tap // 4) % 4)
                   * cubic_weight_at(iz - z0, tap // 16))
-        grad_offset = point_offset(point, out_depth, out_height, out_width, grad_stride_n, grad_stride_d,
-                                   grad_stride_h, grad_stride_w)
+        grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
         grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
                        mask=live[:, None] & tile_mask, other=0.0).to(ACC)
         total += tl.where(live[:, None], weight.to(ACC)[:, None] * grad, 0.0)

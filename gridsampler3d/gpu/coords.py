@@ -66,15 +66,21 @@ def reflect(index, twice_low, twice_high):
 
 
 @triton.jit
-def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr):
+def source_index(coord, size, origin, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr,
+                 VOXELS: tl.constexpr):
     """Voxel index and d index / d coord (both float64) of normalised coordinates along ``size`` voxels.
 
-    ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
+    With ``VOXELS`` (the fused warp) ``coord`` is a displacement in voxels from the point's
+    own position ``origin`` (int64): the index is ``origin + coord`` and its slope 1, before
+    padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
     padding (clipped to ``size - 1``); the backward lets it fall out of range.
     """
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
-    if ALIGN_CORNERS:
+    if VOXELS:
+        index = origin.to(tl.float64) + coord
+        multiplier = tl.zeros_like(coord) + 1.0
+    elif ALIGN_CORNERS:
         index = (coord + 1.0) * 0.5 * (extent - 1.0)
         multiplier = tl.zeros_like(coord) + (extent - 1.0) * 0.5
     else:
@@ -101,16 +107,41 @@ def source_index(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr
 
 
 @triton.jit
-def point_indices(grid_ptr, offset, step, mask, depth, height, width, PADDING: tl.constexpr,
-                  ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr):
-    """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart)."""
-    gx = tl.load(grid_ptr + offset, mask=mask, other=0.0)
-    gy = tl.load(grid_ptr + offset + step, mask=mask, other=0.0)
-    gz = tl.load(grid_ptr + offset + 2 * wide(step), mask=mask, other=0.0)
-    ix, mx = source_index(gx, width, PADDING, ALIGN_CORNERS, FORWARD)
-    iy, my = source_index(gy, height, PADDING, ALIGN_CORNERS, FORWARD)
-    iz, mz = source_index(gz, depth, PADDING, ALIGN_CORNERS, FORWARD)
+def component_offsets(offset, step, VOXELS: tl.constexpr):
+    """Offsets (int64) of the x, y and z components of the points at ``offset`` (components ``step`` apart).
+
+    A grid holds (x, y, z); a displacement (``VOXELS``) holds (dz, dy, dx), so its x is 2 components up.
+    """
+    if VOXELS:
+        return offset + 2 * wide(step), offset + step, offset
+    return offset, offset + step, offset + 2 * wide(step)
+
+
+@triton.jit
+def point_indices(grid_ptr, offset, step, mask, depth, height, width, d, h, w, PADDING: tl.constexpr,
+                  ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr, VOXELS: tl.constexpr):
+    """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart).
+
+    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``VOXELS``) is measured.
+    """
+    at_x, at_y, at_z = component_offsets(offset, step, VOXELS)
+    gx = tl.load(grid_ptr + at_x, mask=mask, other=0.0)
+    gy = tl.load(grid_ptr + at_y, mask=mask, other=0.0)
+    gz = tl.load(grid_ptr + at_z, mask=mask, other=0.0)
+    ix, mx = source_index(gx, width, w, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
+    iy, my = source_index(gy, height, h, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
+    iz, mz = source_index(gz, depth, d, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
     return ix, iy, iz, mx, my, mz
+
+
+@triton.jit
+def store_point_gradient(dgrid_ptr, offset, step, mask, grad_x, grad_y, grad_z, VOXELS: tl.constexpr):
+    """Write the gradients along x, y and z of the points at ``offset`` (components ``step`` apart), in the
+    component order of their grid or displacement (:func:`component_offsets`)."""
+    at_x, at_y, at_z = component_offsets(offset, step, VOXELS)
+    tl.store(dgrid_ptr + at_x, grad_x, mask=mask)
+    tl.store(dgrid_ptr + at_y, grad_y, mask=mask)
+    tl.store(dgrid_ptr + at_z, grad_z, mask=mask)
 
 
 @triton.jit
@@ -181,21 +212,30 @@ def tile_points(out_depth, out_height, out_width, BLOCK_D: tl.constexpr, BLOCK_H
 
 
 @triton.jit
-def point_offset(point, out_depth, out_height, out_width, stride_n, stride_d, stride_h, stride_w):
-    """Element offset (int64) of output point ``point`` (flat over N, Do, Ho, Wo) in a tensor with these strides."""
+def point_position(point, out_depth, out_height, out_width):
+    """(n, d, h, w), int64, of output point ``point`` (flat over N, Do, Ho, Wo)."""
     w = point % out_width
     h = (point // out_width) % out_height
     d = (point // (out_width * out_height)) % out_depth
     n = point // (out_width * out_height * out_depth)
+    return n, d, h, w
+
+
+@triton.jit
+def point_offset(n, d, h, w, stride_n, stride_d, stride_h, stride_w):
+    """Element offset (int64) of output point (n, d, h, w) in a tensor with these strides."""
     return n * stride_n + d * stride_d + h * stride_h + w * stride_w
 
 
 # ---- bicubic: padding applies to each tap; the point's index is only unnormalised ----
 
 @triton.jit
-def unnormalize(coord, size, ALIGN_CORNERS: tl.constexpr):
-    """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels."""
+def unnormalize(coord, size, origin, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr):
+    """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels
+    (with ``VOXELS``: of displacements from ``origin``, see :func:`source_index`)."""
     coord = coord.to(tl.float64)
+    if VOXELS:
+        return origin.to(tl.float64) + coord, tl.zeros_like(coord) + 1.0
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if ALIGN_CORNERS:
         return (coord + 1.0) * 0.5 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) * 0.5

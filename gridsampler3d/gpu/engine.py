@@ -5,6 +5,10 @@ set before Triton is imported), which is how the kernels are tested without a GP
 float16 and bfloat16 accumulate in float32 in the forward and in the fast (atomic) dx, and
 in float64, rounded once, in the deterministic dx (SPEC section 4); float32 in float32;
 float64 in float64. Indices and weights are computed in float64 throughout.
+
+The fused warp runs the same kernels with ``VOXELS``: they read the displacement in place
+of a grid (strides handed over in grid order, :func:`_field`) and write d(displacement)
+through its own strides, laid out like the displacement.
 """
 from __future__ import annotations
 
@@ -83,7 +87,16 @@ def _channel_block(x: torch.Tensor, widest: int = 16) -> int:
     return min(triton.next_power_of_2(x.shape[1]), widest) if x.shape[1] > 1 and x.stride(1) == 1 else 1
 
 
-def _patch_tile(x: torch.Tensor, grid: torch.Tensor, elements: int) -> dict:
+def _field(field: torch.Tensor, voxels: bool) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    """(output sizes (Do, Ho, Wo), strides in grid order (n, d, h, w, component)) of a grid
+    (N, Do, Ho, Wo, 3) or, with ``voxels``, of a displacement (N, 3, Do, Ho, Wo)."""
+    if voxels:
+        stride_n, stride_component, stride_d, stride_h, stride_w = field.stride()
+        return tuple(field.shape[2:]), (stride_n, stride_d, stride_h, stride_w, stride_component)
+    return tuple(field.shape[1:4]), tuple(field.stride())
+
+
+def _patch_tile(x: torch.Tensor, out_sizes, elements: int) -> dict:
     """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
 
     NCDHW: one channel per step, lanes along points, ``elements`` points per program.
@@ -97,7 +110,7 @@ def _patch_tile(x: torch.Tensor, grid: torch.Tensor, elements: int) -> dict:
 
     block_c = _channel_block(x)
     points = max(16, elements // block_c) * (8 if interpreter_enabled() else 1)
-    out_depth, out_height, out_width = grid.shape[1:4]
+    out_depth, out_height, out_width = out_sizes
     block_w = min(triton.next_power_of_2(out_width), points)
     block_h = min(triton.next_power_of_2(out_height), points // block_w)
     block_d = min(triton.next_power_of_2(out_depth), points // (block_w * block_h))
@@ -105,11 +118,11 @@ def _patch_tile(x: torch.Tensor, grid: torch.Tensor, elements: int) -> dict:
             "num_warps": max(1, min(4, block_d * block_h * block_w * block_c // 32))}
 
 
-def _patch_grid(grid: torch.Tensor, tile: dict) -> tuple[int, int]:
+def _patch_grid(batch: int, out_sizes, tile: dict) -> tuple[int, int]:
     """The launch grid of :func:`_patch_tile`'s patches (``coords.tile_points``)."""
     import triton
 
-    batch, out_depth, out_height, out_width = grid.shape[:4]
+    out_depth, out_height, out_width = out_sizes
     return (batch * triton.cdiv(out_depth, tile["BLOCK_D"]) * triton.cdiv(out_height, tile["BLOCK_H"]),
             triton.cdiv(out_width, tile["BLOCK_W"]))
 
@@ -181,46 +194,71 @@ class TritonBackend:
         return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        return self._forward(x, grid, interpolation, padding, align_corners, voxels=False)
+
+    def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
+        return self._forward(x, displacement, interpolation, padding, align_corners, voxels=True)
+
+    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
+                 output_mask, deterministic: bool):
+        return self._backward(grad, x, grid, interpolation, padding, align_corners, output_mask, deterministic,
+                              voxels=False)
+
+    def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
+                      align_corners: bool, output_mask, deterministic: bool):
+        return self._backward(grad, x, displacement, interpolation, padding, align_corners, output_mask,
+                              deterministic, voxels=True)
+
+    @staticmethod
+    def _forward(x, field, interpolation, padding, align_corners, voxels):
+        """y sampled at ``field``: a grid, or with ``voxels`` a displacement (N, 3, Do, Ho, Wo)."""
         import triton
 
         forward, _, bicubic = _kernels()
         batch, channels = x.shape[:2]
-        y = torch.empty((batch, channels) + tuple(grid.shape[1:4]), dtype=_store_dtype(x.dtype), device=x.device,
+        out_sizes, field_strides = _field(field, voxels)
+        y = torch.empty((batch, channels) + out_sizes, dtype=_store_dtype(x.dtype), device=x.device,
                         memory_format=memory_format_of(x))
-        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners, ACC=_accumulator(x.dtype), **_fusion(x.dtype))
-        sizes = (*x.shape[2:], *grid.shape[1:4])
-        strides = (*x.stride(), *grid.stride(), *y.stride())
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners, VOXELS=voxels, ACC=_accumulator(x.dtype),
+                     **_fusion(x.dtype))
+        sizes = (*x.shape[2:], *out_sizes)
+        strides = (*x.stride(), *field_strides, *y.stride())
         with _on_device(x.device):
             if interpolation == Interpolation.BICUBIC:
-                points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+                points = batch * out_sizes[0] * out_sizes[1] * out_sizes[2]
                 block_p, block_c = _blocks(x, tile=128)  # 128 points or 16 x 16 (point, channel): no spills
                 bicubic.bicubic_fwd_kernel[(triton.cdiv(points, block_p), triton.cdiv(channels, block_c))](
-                    x, grid, y, points, channels, *sizes, *strides, **modes, BLOCK_P=block_p, BLOCK_C=block_c)
+                    x, field, y, points, channels, *sizes, *strides, **modes, BLOCK_P=block_p, BLOCK_C=block_c)
             else:
-                tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 512)
-                forward.grid_sampler3d_fwd_kernel[_patch_grid(grid, tile)](
-                    x, grid, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
+                tile = _patch_tile(x, out_sizes, elements=128 if _channel_block(x) == 1 else 512)
+                forward.grid_sampler3d_fwd_kernel[_patch_grid(batch, out_sizes, tile)](
+                    x, field, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
         return y.to(x.dtype)
 
-    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
-                 output_mask, deterministic: bool):
+    def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, deterministic, voxels):
+        """(dx, dfield) of sampling at ``field`` (see :meth:`_forward`); dfield is laid out like a grid's
+        gradient (contiguous) or, with ``voxels``, like the displacement."""
         import triton
 
         _, backward, bicubic = _kernels()
-        want_dx, want_dgrid = output_mask
+        want_dx, want_dfield = output_mask
         batch, channels = x.shape[:2]
-        points = batch * grid.shape[1] * grid.shape[2] * grid.shape[3]
+        out_sizes, field_strides = _field(field, voxels)
+        points = batch * out_sizes[0] * out_sizes[1] * out_sizes[2]
         layout = memory_format_of(x)
         is_bicubic = interpolation == Interpolation.BICUBIC
-        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners)
+        modes = dict(PADDING=int(padding), ALIGN_CORNERS=align_corners, VOXELS=voxels)
         if not is_bicubic:
             modes["INTERPOLATION"] = int(interpolation)
         acc = _accumulator(x.dtype)
-        dgrid = torch.empty(grid.shape, dtype=_store_dtype(grid.dtype), device=grid.device) if want_dgrid else None
-        kernel_dgrid = want_dgrid
-        if want_dgrid and interpolation == Interpolation.NEAREST:
-            dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
-            kernel_dgrid = False
+        dfield = None
+        if want_dfield:
+            dfield = torch.empty_like(field, dtype=_store_dtype(field.dtype),
+                                      memory_format=memory_format_of(field) if voxels else torch.contiguous_format)
+        kernel_dfield = want_dfield
+        if want_dfield and interpolation == Interpolation.NEAREST:
+            dfield.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
+            kernel_dfield = False
         atomic_dx = want_dx and not deterministic
         dx = None
         if atomic_dx:
@@ -228,49 +266,51 @@ class TritonBackend:
             acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
             dx = torch.zeros_like(x, dtype=acc_dtype, memory_format=layout)
         with _on_device(x.device):
-            if atomic_dx or kernel_dgrid:
+            if atomic_dx or kernel_dfield:
                 target = dx if atomic_dx else x
-                operands = (grad, x, grid, target, dgrid if kernel_dgrid else grid)
-                sizes_and_strides = (*x.shape[2:], *grid.shape[1:4], *grad.stride(), *x.stride(), *grid.stride(),
-                                     *target.stride())
-                flags = dict(modes, ACC=acc, WANT_DX=atomic_dx, WANT_DGRID=kernel_dgrid, **_fusion(x.dtype))
+                dfield_target = dfield if kernel_dfield else field
+                operands = (grad, x, field, target, dfield_target)
+                sizes_and_strides = (*x.shape[2:], *out_sizes, *grad.stride(), *x.stride(), *field_strides,
+                                     *target.stride(), *_field(dfield_target, voxels)[1])
+                flags = dict(modes, ACC=acc, WANT_DX=atomic_dx, WANT_DGRID=kernel_dfield, **_fusion(x.dtype))
                 if is_bicubic:
                     block_p, block_c = _blocks(x, tile=128)
                     if x.dtype == torch.float64:
-                        block_c = 1  # dgrid summed channel by channel: the reference's order, bit for bit
+                        block_c = 1  # the grid gradient summed channel by channel: the reference's order, bit for bit
                     bicubic.bicubic_bwd_kernel[(triton.cdiv(points, block_p),)](
                         *operands, points, channels, *sizes_and_strides, **flags, BLOCK_P=block_p, BLOCK_C=block_c)
                 else:
-                    tile = _patch_tile(x, grid, elements=128 if _channel_block(x) == 1 else 256)
+                    tile = _patch_tile(x, out_sizes, elements=128 if _channel_block(x) == 1 else 256)
                     if x.dtype == torch.float64:
-                        tile["BLOCK_C"] = 1  # dgrid summed channel by channel: PyTorch's order, bit for bit
-                    backward.grid_sampler3d_bwd_kernel[_patch_grid(grid, tile)](
+                        tile["BLOCK_C"] = 1  # the grid gradient summed channel by channel: PyTorch's order, bit for bit
+                    backward.grid_sampler3d_bwd_kernel[_patch_grid(batch, out_sizes, tile)](
                         *operands, channels, *sizes_and_strides, **flags, **tile)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
-                dx = self._gathered_bicubic_dx(bicubic, grad, x, grid, points, modes)
+                dx = self._gathered_bicubic_dx(bicubic, grad, x, field, points, modes)
             elif want_dx:
-                dx = self._gathered_dx(backward, grad, x, grid, points, modes)
-        return dx, (dgrid.to(grid.dtype) if want_dgrid else None)
+                dx = self._gathered_dx(backward, grad, x, field, points, modes)
+        return dx, (dfield.to(field.dtype) if want_dfield else None)
 
     @staticmethod
-    def _gathered_dx(backward, grad, x, grid, points, modes):
+    def _gathered_dx(backward, grad, x, field, points, modes):
         """The deterministic dx: bucket points by their lowest corner, then gather per voxel (half types: in float64)."""
         import triton
 
         batch, channels, depth, height, width = x.shape
+        out_sizes, field_strides = _field(field, modes["VOXELS"])
         buckets = batch * (depth + 1) * (height + 1) * (width + 1)
         keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
         block_p = 256
         backward.bucket_keys_kernel[(triton.cdiv(points, block_p),)](
-            grid, keys, points, depth, height, width, *grid.shape[1:4], *grid.stride(), **modes, BLOCK_P=block_p)
+            field, keys, points, depth, height, width, *out_sizes, *field_strides, **modes, BLOCK_P=block_p)
         order = torch.sort(keys, stable=True).indices
         starts, counts = _bucket_starts(keys, buckets + 1, points)
         acc = _accumulator(x.dtype, exact_half=True)
         chunked = _chunks(starts, counts, buckets, _BUCKET_CHUNK)
         block_v, block_c = _blocks(x, tile=128 if _channel_block(x) == 1 else 1024)  # 128 voxels NCDHW: no spills
-        sizes = (channels, depth, height, width, *grid.shape[1:4])
+        sizes = (channels, depth, height, width, *out_sizes)
         if chunked is None:
             chunk_starts = partials = starts  # not read
         else:
@@ -281,24 +321,25 @@ class TritonBackend:
                                    dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
             block_k = 64
             backward.bucket_partials_kernel[(triton.cdiv(first.numel(), block_k), taps, triton.cdiv(channels, block_c))](
-                grad, grid, partials, order, first, count, first.numel(), *sizes, *grad.stride(), *grid.stride(),
+                grad, field, partials, order, first, count, first.numel(), *sizes, *grad.stride(), *field_strides,
                 **modes, ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c, **_fusion(x.dtype))
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
         backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
-            grad, grid, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(), *grid.stride(),
+            grad, field, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(), *field_strides,
             *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v, BLOCK_C=block_c,
             **_fusion(x.dtype))
         return round_once(dx, x.dtype)
 
     @staticmethod
-    def _gathered_bicubic_dx(bicubic, grad, x, grid, points, modes):
+    def _gathered_bicubic_dx(bicubic, grad, x, field, points, modes):
         """The deterministic bicubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather.
 
         Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
         import triton
 
         batch, channels, depth, height, width = x.shape
+        out_sizes, field_strides = _field(field, modes["VOXELS"])
         voxels = batch * depth * height * width
         acc = _accumulator(x.dtype, exact_half=True)
         dx = torch.empty_like(x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
@@ -310,12 +351,13 @@ class TritonBackend:
             count = min(chunk, points - first_point)
             keys = torch.empty(count * 64, dtype=_index_dtype(voxels + 1), device=x.device)
             bicubic.bicubic_tap_keys_kernel[(triton.cdiv(count, block_p),)](
-                grid, keys, first_point, first_point + count, voxels, depth, height, width, *grid.shape[1:4], *grid.stride(),
-                **modes, BLOCK_P=block_p)
+                field, keys, first_point, first_point + count, voxels, depth, height, width, *out_sizes,
+                *field_strides, **modes, BLOCK_P=block_p)
             order = torch.sort(keys, stable=True).indices
             starts, _ = _bucket_starts(keys, voxels + 1, count * 64)
             bicubic.bicubic_dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
-                grad, grid, dx, order, starts, first_point, voxels, channels, depth, height, width,
-                *grid.shape[1:4], *grad.stride(), *grid.stride(), *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
-                ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c, **_fusion(x.dtype))
+                grad, field, dx, order, starts, first_point, voxels, channels, depth, height, width, *out_sizes,
+                *grad.stride(), *field_strides, *dx.stride(), ALIGN_CORNERS=modes["ALIGN_CORNERS"],
+                VOXELS=modes["VOXELS"], ACC=acc, FIRST_CHUNK=first_point == 0, BLOCK_V=block_v, BLOCK_C=block_c,
+                **_fusion(x.dtype))
         return round_once(dx, x.dtype)
