@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gridsampler3d as gs  # noqa: E402
 from gridsampler3d import check, precision  # noqa: E402
-from gridsampler3d.bench.runner import machine_info  # noqa: E402
+from gridsampler3d.bench.runner import machine_info, plumbed_warp  # noqa: E402
 from gridsampler3d.bench.suite import BenchCase, build_inputs  # noqa: E402
 from gridsampler3d.modes import parse_interpolation, parse_padding  # noqa: E402
 
@@ -58,6 +58,10 @@ GPU_SUITE = (
     BenchCase("fp64", 1, 8, 128, 128, "affine", "bilinear", "reflection", False, "float64", "NCDHW"),
     BenchCase("cubic128", 1, 4, 128, 128, "warp", "bicubic", "zeros", False, "float32", "NCDHW", "bilinear"),
     BenchCase("cubiccl", 1, 16, 96, 96, "affine", "bicubic", "border", True, "float32", "NDHWC", "bilinear"),
+    # The fused warp against PyTorch's registration step (grid plumbing + grid_sample, autograd);
+    # the dx / dgrid columns are d(volume) / d(displacement).
+    BenchCase("warp256", 1, 1, 256, 256, "displacement", "bilinear", "border", True, "float32", "NCDHW",
+              "plumbing"),
 )
 MASKS = {"dx": (True, False), "dgrid": (False, True)}
 DEVICE = "cuda"
@@ -134,7 +138,53 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def bench_warp_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
+    """The fused warp (``gs.warp3d``) against PyTorch's plumbed step, with the keys of :func:`bench_case`."""
+    (grad, volume, displacement), _ = build_inputs(case, DEVICE, scale)
+    ours = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
+                backend="triton")
+    leaves = (volume.clone().requires_grad_(), displacement.clone().requires_grad_())
+    output = plumbed_warp(*leaves, case.mode, case.padding, case.align_corners)  # one graph, backward repeated
+
+    def torch_forward():
+        with torch.no_grad():
+            return plumbed_warp(volume, displacement, case.mode, case.padding, case.align_corners)
+
+    def torch_backward(mask):
+        wanted = [leaf for leaf, want in zip(leaves, mask) if want]
+        return torch.autograd.grad(output, wanted, grad, retain_graph=True)
+
+    calls = {"fwd_ours": lambda: gs.warp3d(volume, displacement, **ours), "fwd_torch": torch_forward}
+    for name, mask in {"": (True, True), **MASKS}.items():
+        suffix = f"_{name}" if name else ""
+        calls[f"bwd_torch{suffix}"] = lambda mask=mask: torch_backward(mask)
+        calls[f"bwd_fast{suffix}"] = lambda mask=mask: gs.warp3d_backward(grad, volume, displacement, output_mask=mask,
+                                                                          deterministic=False, **ours)
+        if name != "dgrid":
+            calls[f"bwd_det{suffix}"] = lambda mask=mask: gs.warp3d_backward(
+                grad, volume, displacement, output_mask=mask, deterministic=True, **ours)
+    cold = {name: cold_ms(calls[name]) for name in ("fwd_ours", "bwd_fast", "bwd_det")}
+    times = {name: median_ms(call) for name, call in calls.items()}
+    forward_bytes = nbytes(volume, displacement, grad)  # y is volume-sized
+    backward_bytes = 2 * nbytes(grad, volume, displacement) - nbytes(grad)
+    row = {"case": case.name, "describe": case.describe(), "in": tuple(volume.shape),
+           "grid": tuple(displacement.shape), "cold_ms": cold, "times_ms": times,
+           "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
+           "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
+           "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
+           "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
+           "step_ratio": (times["fwd_torch"] + times["bwd_torch"]) / (times["fwd_ours"] + times["bwd_fast"]),
+           "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
+           "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9)}
+    del grad, volume, displacement, leaves, output
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 def bench_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
+    if case.baseline == "plumbing":
+        return bench_warp_case(case, scale, bandwidth)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, DEVICE, scale)
     ours = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
                 data_format=case.layout, backend="triton")
@@ -292,7 +342,8 @@ def markdown(report: dict) -> str:
             summary = report["summary"]
             lines.append(f"| geometric mean (against PyTorch) | | | {summary['forward_ratio']:.2f}x | | | "
                          f"{summary['backward_ratio']:.2f}x | | {summary['deterministic_over_fast']:.2f} | | | | |")
-        lines.append("times in ms (medians); bicubic rows time our bilinear in the PyTorch columns")
+        lines.append("times in ms (medians); bicubic rows time our bilinear in the PyTorch columns; warp rows time "
+                     "gs.warp3d against PyTorch's grid plumbing + grid_sample (dx / dgrid: d volume / d displacement)")
     if "correctness" in report:
         result = report["correctness"]
         lines += ["", f"correctness: {result['checked'] - len(result['failures'])}/{result['checked']} runs pass "

@@ -238,17 +238,19 @@ def test_device_check_dry_run_writes_every_phase(tmp_path):
     script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
     environment = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "40",
-                             "--cases", "reg256", "--out", str(tmp_path)], env=environment, capture_output=True,
+                             "--cases", "reg256,warp256", "--out", str(tmp_path)], env=environment, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["phases_done"] == ["machine", "speed", "registers", "correctness", "determinism"]
-    assert [row["case"] for row in report["speed"]] == ["reg256"] and "error" not in report["speed"][0]
-    assert set(report["speed"][0]["times_ms"]) >= {"fwd_ours", "bwd_fast", "bwd_det", "bwd_fast_dx", "bwd_det_dx",
-                                                     "bwd_fast_dgrid", "bwd_torch_dgrid"}
+    assert [row["case"] for row in report["speed"]] == ["reg256", "warp256"]
+    for row in report["speed"]:
+        assert "error" not in row, row
+        assert set(row["times_ms"]) >= {"fwd_ours", "bwd_fast", "bwd_det", "bwd_fast_dx", "bwd_det_dx",
+                                        "bwd_fast_dgrid", "bwd_torch_dgrid"}
     assert report["correctness"]["checked"] >= 2 and not report["correctness"]["failures"]
     assert report["determinism"]["deterministic_bitwise"]
-    assert "| reg256 |" in (tmp_path / "gpu_check.md").read_text()
+    assert "| reg256 |" in (tmp_path / "gpu_check.md").read_text() and "| warp256 |" in (tmp_path / "gpu_check.md").read_text()
 
 
 @cuda
