@@ -250,7 +250,8 @@ def test_device_check_dry_run_writes_every_phase(tmp_path):
                                         "bwd_fast_dgrid", "bwd_torch_dgrid"}
     assert report["correctness"]["checked"] >= 2 and not report["correctness"]["failures"]
     assert report["determinism"]["deterministic_bitwise"]
-    assert "| reg256 |" in (tmp_path / "gpu_check.md").read_text() and "| warp256 |" in (tmp_path / "gpu_check.md").read_text()
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "| reg256 |" in table and "| warp256 |" in table
 
 
 @cuda

@@ -29,7 +29,8 @@ inline = njit(cache=True, error_model="numpy", inline="always")
 
 @inline
 def _cell(grid, offset, step, sizes, align_corners, voxels, w, h, d):
-    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset`` (output (d, h, w))."""
+    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset``,
+    output point (d, h, w)."""
     ix, mx = unnormalize(float(grid[offset]), sizes[2], align_corners, voxels, float(w))
     iy, my = unnormalize(float(grid[offset + step]), sizes[1], align_corners, voxels, float(h))
     iz, mz = unnormalize(float(grid[offset + 2 * step]), sizes[0], align_corners, voxels, float(d))
