@@ -88,8 +88,16 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
     rows = batch * out_sizes[0] * out_sizes[1]
     row_first, row_last, row_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
-    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, 1, row_first, row_last, row_jumps)
+    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 1, True, row_first, row_last,
+                 row_jumps)
     assert (row_first != -7).all() and (row_last >= row_first).all() and (row_jumps >= 0).all()
+    # Rows between the sampled ones take their range from their extreme z values (zeros,
+    # border): the same range as point by point.
+    scanned_first, scanned_last, sampled_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
+    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 3, True, scanned_first,
+                 scanned_last, sampled_jumps)
+    assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
+    assert np.array_equal(sampled_jumps[::3], row_jumps[::3])
     reach = 1 if mode == "nearest" else 2
     parts = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, slabs)
     assert parts[0, 0] == 0 and parts[-1, 1] == batch * sizes[0] and np.all(parts[1:, 0] == parts[:-1, 1])
@@ -104,7 +112,8 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         dx_flat, dx_strides = engine._flat(dx)
         for work, want_dx, want_dgrid, own_by_plane in passes:
             kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
-                   dgrid.numpy().reshape(-1), row_first, row_last, work, *shapes, want_dx, want_dgrid, own_by_plane)
+                   dgrid.numpy().reshape(-1), dgrid.stride(), row_first, row_last, work, *shapes, want_dx,
+                   want_dgrid, own_by_plane)
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it
             dgrid.zero_()
@@ -127,7 +136,8 @@ def test_smooth_and_random_grids_are_told_apart():
     for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
         rows = 32 * 32
         row_first, row_last, row_jumps = (np.zeros(rows, np.int64) for _ in range(3))
-        depth_ranges(*engine._flat(grid), 1, (32, 32, 32), (32, 32, 32), *codes, 1, row_first, row_last, row_jumps)
+        depth_ranges(*engine._flat(grid), 1, (32, 32, 32), (32, 32, 32), *codes, False, 1, False, row_first,
+                     row_last, row_jumps)
         verdicts.append(is_coherent(row_jumps, 32, 1))
     assert verdicts == [True, False]
 
@@ -160,25 +170,33 @@ def _packed_double_ops(kernel) -> tuple[int, int]:
     inspected.
     """
     fresh = numba.njit(parallel=True, error_model="numpy")(kernel.py_func)
-    signature = kernel.signatures[0]
+    # The float32 build (other tests may have compiled float64 ones of the same kernel first)
+    signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
     fresh.compile(signature)
     assembly = fresh.inspect_asm(signature)
     packed = len(re.findall(r"\bv(?:add|sub|mul)pd\s+%[yz]mm", assembly))
     return packed, len(re.findall(r"\bv(?:p)?gather", assembly))
 
 
-@pytest.mark.parametrize("padding", ["zeros", "reflection"])
-def test_hot_loops_stay_vectorised(padding):
-    """The block loops compile to SIMD arithmetic with hardware gathers.
+@pytest.mark.parametrize("padding, voxels", [("zeros", False), ("reflection", False), ("border", True)],
+                         ids=["zeros", "reflection", "warp-border"])
+def test_hot_loops_stay_vectorised(padding, voxels):
+    """The block loops compile to SIMD arithmetic with hardware gathers (grid and fused-warp kernels).
 
     One N-D index or one unsigned cast silently turns such a loop scalar, three to five
     times slower with no error; this catches it.
     """
     grad, x, grid = make_case(1, 2, (6, 6, 6), (5, 5, 9), torch.float32)
-    gs.grid_sampler3d(x, grid, "bilinear", padding, backend="numba")
-    gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
+    if voxels:
+        displacement = torch.randn(1, 3, 6, 6, 6)
+        gs.warp3d(x, displacement, "bilinear", padding, False, backend="numba")
+        gs.warp3d_backward(torch.randn_like(x), x, displacement, "bilinear", padding, False, backend="numba")
+    else:
+        gs.grid_sampler3d(x, grid, "bilinear", padding, backend="numba")
+        gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
     codes = (0, int(gs.Padding[padding.upper()]), False)
-    for kernel in (forward_kernel(*codes), backward_kernel(*codes, False)):
+    # The arguments exactly as the engine passes them (the factories cache on them).
+    for kernel in (forward_kernel(*codes, voxels), backward_kernel(*codes, False, voxels)):
         packed, gathers = _packed_double_ops(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.

@@ -156,10 +156,11 @@ class NumbaBackend:
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         codes = (int(interpolation), int(padding), bool(align_corners), voxels)
-        # One thread owns every plane and skips no row: sampled rows suffice to judge the grid.
-        row_step = 1 if threads > 1 else max(1, rows // _SAMPLED_ROWS)
-        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, row_first, row_last,
-                     row_jumps)
+        # Sampled rows judge whether the grid is smooth; one thread owns every plane and
+        # skips no row, so it needs no more, while several need every row's depth range.
+        row_step = max(1, rows // _SAMPLED_ROWS)
+        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, threads > 1, row_first,
+                     row_last, row_jumps)
         reach = 1 if interpolation == Interpolation.NEAREST else 2
         if threads > 1:
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,

@@ -17,8 +17,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .coords import NEAREST, ROUNDER, source_index
+from .coords import NEAREST, REFLECTION, ROUNDER, source_index
 from .tuning import BLOCK
+
+# Below this magnitude a grid value (or displacement) maps to an index well inside the int32
+# range for any size a tensor can have along one axis, so the index rules are monotonic.
+_MONOTONIC_LIMIT = 2.0**20
 
 
 @njit(cache=True, error_model="numpy", forceinline=True)
@@ -37,32 +41,60 @@ def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corn
     return unresolved
 
 
+@njit(cache=True, error_model="numpy", forceinline=True)
+def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin):
+    """The lowest depth of the taps of one point whose z grid value (or displacement) is ``value``."""
+    iz, _, _ = source_index(value, depth, padding, align_corners, False, True, voxels, origin)
+    low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
+    return np.int64(min(max(low, -2.0), float(depth)))
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-                 row_step, row_first, row_last, row_jumps):
-    """Per row r (every ``row_step``-th): the least and greatest lowest-tap depth of its points, and its jumps.
+                 row_step, every_row, row_first, row_last, row_jumps):
+    """Per row r: the least and greatest lowest-tap depth of its points; every ``row_step``-th row, its jumps.
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
     and ``row_jumps`` (the number of neighbouring points whose lowest depths differ by
-    more than one) have one int64 entry per row; rows not visited are left as they are.
+    more than one) have one int64 entry per row. Every ``row_step``-th row is visited
+    point by point; with ``every_row`` the others get their range too, and for zeros and
+    border padding (where the lowest depth grows with the z value) from the least and
+    greatest z value alone, a plain scan. Rows not visited are left as they are.
     With ``voxels`` the grid is a displacement, strides as for the kernels
     (:func:`.forward.forward_kernel`): its dz component comes first.
     """
     out_depth, out_height, out_width = out_sizes
     rows = batch * out_depth * out_height
     nearest = interpolation == NEAREST
-    visited = (rows + row_step - 1) // row_step
+    stride = 1 if every_row else row_step
+    visited = (rows + stride - 1) // stride
     chunks = min(visited, 64)
     for chunk in prange(chunks):
         lowest = np.empty(BLOCK, np.int64)
         for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
-            row = visit * row_step
+            row = visit * stride
             n = row // (out_depth * out_height)
             d = (row // out_height) % out_depth
             h = row % out_height
             first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
             if not voxels:
                 first_point += 2 * grid_strides[4]
+            if row % row_step != 0 and padding != REFLECTION:
+                # The range from the extreme z values, unless one is NaN, infinite or huge
+                # (where the index rules stop being monotonic): then point by point below.
+                smallest, largest = np.inf, -np.inf
+                usable = 1
+                for i in range(out_width):
+                    value = float(grid[first_point + i * grid_strides[3]])
+                    usable &= abs(value) < _MONOTONIC_LIMIT
+                    smallest = value if value < smallest else smallest
+                    largest = value if value > largest else largest
+                if usable:
+                    row_first[row] = _lowest_depth(smallest, sizes[0], nearest, padding, align_corners, voxels,
+                                                   float(d))
+                    row_last[row] = _lowest_depth(largest, sizes[0], nearest, padding, align_corners, voxels,
+                                                  float(d))
+                    continue
             least, most = np.int64(2**62), -np.int64(2**62)
             jumps = 0
             for start in range(0, out_width, BLOCK):
