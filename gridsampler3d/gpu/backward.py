@@ -71,6 +71,15 @@ def grid_sampler3d_bwd_kernel(
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
         grad = tl.load(grad_points[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask, other=0.0).to(ACC)
         grad_wide = grad.to(tl.float64)
+        # dgrid sums channels outer, taps inner, as PyTorch: each lane (point, channel) adds its
+        # channel's taps in order, the block's first channel onto the point's running sum, and
+        # the lanes are added up after the taps. One channel per block (NCDHW, float64) is then
+        # PyTorch's order bit for bit; with a channel vector, a channel whose terms cancel still
+        # adds exactly 0 (adding each tap's channel vector first left a residue).
+        first_lane = (tl.arange(0, BLOCK_C) == 0)[None, :]
+        lanes_x = tl.where(first_lane, grad_x[:, None], 0.0)
+        lanes_y = tl.where(first_lane, grad_y[:, None], 0.0)
+        lanes_z = tl.where(first_lane, grad_z[:, None], 0.0)
         for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
             step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
             tap_mask = tile_mask & insides[tap][:, None]
@@ -88,15 +97,17 @@ def grid_sampler3d_bwd_kernel(
                 wy = weights_y[(tap >> 1) & 1][:, None]
                 wz = weights_z[tap >> 2][:, None]
                 # d weight / d index is +-1 along the stepped axis times the other two weights.
-                # Each term is value * w * w * grad, PyTorch's order, so that one channel per
-                # block (float64) sums exactly as PyTorch does. An outside tap contributes
-                # nothing, not even 0 * an infinite grad.
-                term_x = tl.sum(tl.where(tap_mask, value * wy * wz * grad_wide, 0.0), axis=1)
-                term_y = tl.sum(tl.where(tap_mask, value * wx * wz * grad_wide, 0.0), axis=1)
-                term_z = tl.sum(tl.where(tap_mask, value * wx * wy * grad_wide, 0.0), axis=1)
-                grad_x += term_x if step_x else -term_x
-                grad_y += term_y if step_y else -term_y
-                grad_z += term_z if step_z else -term_z
+                # Each term is value * w * w * grad, PyTorch's product order. An outside tap
+                # contributes nothing, not even 0 * an infinite grad.
+                term_x = tl.where(tap_mask, value * wy * wz * grad_wide, 0.0)
+                term_y = tl.where(tap_mask, value * wx * wz * grad_wide, 0.0)
+                term_z = tl.where(tap_mask, value * wx * wy * grad_wide, 0.0)
+                lanes_x += term_x if step_x else -term_x
+                lanes_y += term_y if step_y else -term_y
+                lanes_z += term_z if step_z else -term_z
+        grad_x = tl.sum(lanes_x, axis=1)
+        grad_y = tl.sum(lanes_y, axis=1)
+        grad_z = tl.sum(lanes_z, axis=1)
     if WANT_DGRID:
         out = point_offset(n, d, h, w, dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w)
         store_point_gradient(dgrid_ptr, out, dgrid_stride_k, point_mask, grad_x * mx, grad_y * my, grad_z * mz,
