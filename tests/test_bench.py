@@ -10,3 +10,17 @@ def test_geometric_mean_of_ratios():
     assert _geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert _geomean(iter([0.5, 2.0, 1.0])) == pytest.approx(1.0)  # a generator, as the runner passes
     assert math.isnan(_geomean([]))
+
+
+def test_warp_step_case_runs_and_reports_memory():
+    """warp128 at a tiny scale: forward, backward and step timed against PyTorch's plumbing, peak memory read."""
+    from gridsampler3d.bench.runner import format_step, format_table, run_suite
+
+    lines = []
+    report = run_suite("warp128", repeats=1, scale=0.1, echo=lines.append)
+    (result,) = report["results"]
+    for stage in ("forward", "backward", "step"):
+        assert result[stage]["ratio"] > 0 and result[stage]["ours"]["median_s"] > 0
+    assert set(result["step"]["peak_bytes"]) == {"torch", "ours"}
+    assert any(line.startswith("warp128 step") for line in lines) and format_step(result) in lines
+    assert "| warp128 |" in format_table(report) and math.isnan(report["summary"]["backward"]["geomean_ratio"])
