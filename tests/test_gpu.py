@@ -52,6 +52,33 @@ def test_many_points_per_voxel(attributes, deterministic):
     assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", "triton", label=matrix_id(attributes))
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+def test_single_contribution_dx_is_the_golden_rounded_once(data_format, deterministic):
+    """Where each voxel receives one product weight * grad, float32 dx is that float64 product rounded once.
+
+    Each point sits in its own cell (cells two voxels apart), so no two points share a tap.
+    Rounding the weight to float32 first rounded twice, which moved some of these products
+    by an ulp (and a case Hypothesis found, a single grad value of 3.5e16, then failed the
+    precision rule against PyTorch).
+    """
+    generator = torch.Generator().manual_seed(11)
+    channels, size = 4, 8
+    cells = 2.0 * torch.arange(4, dtype=torch.float64)  # cell corners 0, 2, 4, 6 on each axis
+    corner = torch.stack(torch.meshgrid(cells, cells, cells, indexing="ij")[::-1], dim=-1)  # (4, 4, 4, 3) as x, y, z
+    index = corner + 0.1 + 0.8 * torch.rand(corner.shape, generator=generator, dtype=torch.float64)
+    grid = (2 * index / (size - 1) - 1).unsqueeze(0).float()  # align_corners=True
+    x = torch.randn(1, channels, size, size, size, generator=generator).float()
+    grad = (1e3 * torch.randn(1, channels, 4, 4, 4, generator=generator, dtype=torch.float64)).float()
+    if data_format == "NDHWC":
+        x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
+    dx, _ = gs.grid_sampler3d_backward(*_on(DEVICE, grad, x, grid), "bilinear", "zeros", True,
+                                       data_format=data_format, backend="triton", deterministic=deterministic)
+    golden_dx, _ = gs.grid_sampler3d_backward(grad.double(), x.double(), grid.double(), "bilinear", "zeros", True,
+                                              data_format=data_format, backend="reference")
+    assert torch.equal(dx.cpu(), golden_dx.float())
+
+
 def _dx_with_tiles(monkeypatch, small, grad, x, grid, deterministic):
     """dx with programs of 2 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
     if small:

@@ -50,7 +50,7 @@ def grid_sampler3d_bwd_kernel(
     grid_offset = n * grid_stride_n + d * grid_stride_d + h * grid_stride_h + w * grid_stride_w
     ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width, d,
                                            h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
-    x_offsets, insides, weights = cell_taps(ix, iy, iz, depth, height, width, x_stride_d, x_stride_h, x_stride_w,
+    x_offsets, insides, _ = cell_taps(ix, iy, iz, depth, height, width, x_stride_d, x_stride_h, x_stride_w,
                                             INTERPOLATION, ACC)
     dx_offsets, _, _ = cell_taps(ix, iy, iz, depth, height, width, dx_stride_d, dx_stride_h, dx_stride_w,
                                  INTERPOLATION, ACC)
@@ -87,7 +87,11 @@ def grid_sampler3d_bwd_kernel(
                 if INTERPOLATION == NEAREST:
                     contribution = grad
                 else:
-                    contribution = grad * weights[tap][:, None]
+                    # The float64 product rounded once (float32 weights would round twice).
+                    wx = weights_x[tap & 1][:, None]
+                    wy = weights_y[(tap >> 1) & 1][:, None]
+                    wz = weights_z[tap >> 2][:, None]
+                    contribution = (grad_wide * ((wx * wy) * wz)).to(ACC)
                 tl.atomic_add(dx_item + dx_offsets[tap][:, None] + (channel * dx_stride_c)[None, :], contribution,
                               mask=tap_mask, sem="relaxed")
             if WANT_DGRID:
@@ -202,7 +206,7 @@ def dx_gather_kernel(
                 weight = (tap_weight(ix, base_corner(ix, INTERPOLATION), step_x)
                           * tap_weight(iy, base_corner(iy, INTERPOLATION), step_y)
                           * tap_weight(iz, base_corner(iz, INTERPOLATION), step_z))
-                total += grad * weight.to(ACC)[:, None]
+                total += (grad.to(tl.float64) * weight[:, None]).to(ACC)  # each product rounded once
     out_offset = batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w
     tl.store(dx_ptr + out_offset[:, None] + (channel * dx_stride_c)[None, :], total,
              mask=voxel_mask[:, None] & channel_mask)
@@ -252,6 +256,6 @@ def bucket_partials_kernel(
             weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), tap & 1)
                       * linear_weight(iy, base_corner(iy, INTERPOLATION), (tap >> 1) & 1)
                       * linear_weight(iz, base_corner(iz, INTERPOLATION), tap >> 2))
-            total += grad * weight.to(ACC)[:, None]
+            total += (grad.to(tl.float64) * weight[:, None]).to(ACC)  # each product rounded once
     partial = (chunk * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels + channel[None, :]
     tl.store(partials_ptr + partial, total, mask=chunk_mask[:, None] & channel_mask)
