@@ -187,14 +187,14 @@ def test_hot_loops_stay_vectorised(padding, voxels):
     times slower with no error; this catches it.
     """
     grad, x, grid = make_case(1, 2, (6, 6, 6), (5, 5, 9), torch.float32)
-    if voxels:
+    if voxels:  # the warp's defaults: align_corners=True
         displacement = torch.randn(1, 3, 6, 6, 6)
-        gs.warp3d(x, displacement, "bilinear", padding, False, backend="numba")
-        gs.warp3d_backward(torch.randn_like(x), x, displacement, "bilinear", padding, False, backend="numba")
+        gs.warp3d(x, displacement, "bilinear", padding, True, backend="numba")
+        gs.warp3d_backward(torch.randn_like(x), x, displacement, "bilinear", padding, True, backend="numba")
     else:
         gs.grid_sampler3d(x, grid, "bilinear", padding, backend="numba")
         gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
-    codes = (0, int(gs.Padding[padding.upper()]), False)
+    codes = (0, int(gs.Padding[padding.upper()]), voxels)
     # The arguments exactly as the engine passes them (the factories cache on them).
     for kernel in (forward_kernel(*codes, voxels), backward_kernel(*codes, False, voxels)):
         packed, gathers = _packed_double_ops(kernel)

@@ -264,7 +264,7 @@ def test_device_check_dry_run_writes_every_phase(tmp_path):
     """benchmarks/gpu_check.py through the interpreter at tiny sizes: every phase runs and is written."""
     script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
     environment = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "40",
+    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "30",
                              "--cases", "reg256,warp256", "--out", str(tmp_path)], env=environment, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
