@@ -138,8 +138,41 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def time_case(case: BenchCase, ours_forward, torch_forward, ours_backward, torch_backward, tensors,
+              bandwidth: float) -> dict:
+    """One speed row: cold and median times of the forward and of each backward (both outputs, then each
+    alone; ours fast and deterministic, PyTorch's), their ratios, and the fraction of copy bandwidth.
+
+    ``ours_backward(mask, deterministic)`` and ``torch_backward(mask)`` run one backward;
+    ``tensors`` is (grad, x, grid or displacement), for the bytes moved.
+    """
+    calls = {"fwd_ours": ours_forward, "fwd_torch": torch_forward}
+    for name, mask in {"": (True, True), **MASKS}.items():
+        suffix = f"_{name}" if name else ""
+        calls[f"bwd_torch{suffix}"] = lambda mask=mask: torch_backward(mask)
+        calls[f"bwd_fast{suffix}"] = lambda mask=mask: ours_backward(mask, False)
+        if name != "dgrid":  # dgrid is the same pass in both modes
+            calls[f"bwd_det{suffix}"] = lambda mask=mask: ours_backward(mask, True)
+    cold = {name: cold_ms(calls[name]) for name in ("fwd_ours", "bwd_fast", "bwd_det")}
+    times = {name: median_ms(call) for name, call in calls.items()}
+    grad, x, grid = tensors
+    forward_bytes = nbytes(x, grid) + nbytes(grad)  # y is grad-sized
+    backward_bytes = 2 * nbytes(grad, x, grid) - nbytes(grad)  # read grad, x, grid; write dx, dgrid
+    row = {"case": case.name, "describe": case.describe(), "in": tuple(x.shape), "grid": tuple(grid.shape),
+           "cold_ms": cold, "times_ms": times,
+           "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
+           "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
+           "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
+           "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
+           "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
+           "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9)}
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
 def bench_warp_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
-    """The fused warp (``gs.warp3d``) against PyTorch's plumbed step, with the keys of :func:`bench_case`."""
+    """The fused warp (``gs.warp3d``) against PyTorch's plumbed step; dx / dgrid are d volume / d displacement."""
     (grad, volume, displacement), _ = build_inputs(case, DEVICE, scale)
     ours = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
                 backend="triton")
@@ -154,31 +187,12 @@ def bench_warp_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
         wanted = [leaf for leaf, want in zip(leaves, mask) if want]
         return torch.autograd.grad(output, wanted, grad, retain_graph=True)
 
-    calls = {"fwd_ours": lambda: gs.warp3d(volume, displacement, **ours), "fwd_torch": torch_forward}
-    for name, mask in {"": (True, True), **MASKS}.items():
-        suffix = f"_{name}" if name else ""
-        calls[f"bwd_torch{suffix}"] = lambda mask=mask: torch_backward(mask)
-        calls[f"bwd_fast{suffix}"] = lambda mask=mask: gs.warp3d_backward(grad, volume, displacement, output_mask=mask,
-                                                                          deterministic=False, **ours)
-        if name != "dgrid":
-            calls[f"bwd_det{suffix}"] = lambda mask=mask: gs.warp3d_backward(
-                grad, volume, displacement, output_mask=mask, deterministic=True, **ours)
-    cold = {name: cold_ms(calls[name]) for name in ("fwd_ours", "bwd_fast", "bwd_det")}
-    times = {name: median_ms(call) for name, call in calls.items()}
-    forward_bytes = nbytes(volume, displacement, grad)  # y is volume-sized
-    backward_bytes = 2 * nbytes(grad, volume, displacement) - nbytes(grad)
-    row = {"case": case.name, "describe": case.describe(), "in": tuple(volume.shape),
-           "grid": tuple(displacement.shape), "cold_ms": cold, "times_ms": times,
-           "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
-           "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
-           "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
-           "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
-           "step_ratio": (times["fwd_torch"] + times["bwd_torch"]) / (times["fwd_ours"] + times["bwd_fast"]),
-           "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
-           "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9)}
-    del grad, volume, displacement, leaves, output
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
+    row = time_case(case, lambda: gs.warp3d(volume, displacement, **ours), torch_forward,
+                    lambda mask, deterministic: gs.warp3d_backward(grad, volume, displacement, output_mask=mask,
+                                                                   deterministic=deterministic, **ours),
+                    torch_backward, (grad, volume, displacement), bandwidth)
+    times = row["times_ms"]
+    row["step_ratio"] = (times["fwd_torch"] + times["bwd_torch"]) / (times["fwd_ours"] + times["bwd_fast"])
     return row
 
 
@@ -198,31 +212,10 @@ def bench_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
         torch_forward = lambda: torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes)  # noqa: E731
         torch_backward = lambda mask: torch.ops.aten.grid_sampler_3d_backward(  # noqa: E731
             grad_ncdhw, x_ncdhw, grid, *codes, list(mask))
-    calls = {"fwd_ours": lambda: gs.grid_sampler3d(x, grid, **ours), "fwd_torch": torch_forward}
-    for name, mask in {"": (True, True), **MASKS}.items():
-        suffix = f"_{name}" if name else ""
-        calls[f"bwd_torch{suffix}"] = lambda mask=mask: torch_backward(mask)
-        calls[f"bwd_fast{suffix}"] = lambda mask=mask: gs.grid_sampler3d_backward(grad, x, grid, output_mask=mask,
-                                                                                  deterministic=False, **ours)
-        if name != "dgrid":  # dgrid is the same pass in both modes
-            calls[f"bwd_det{suffix}"] = lambda mask=mask: gs.grid_sampler3d_backward(
-                grad, x, grid, output_mask=mask, deterministic=True, **ours)
-    cold = {name: cold_ms(calls[name]) for name in ("fwd_ours", "bwd_fast", "bwd_det")}
-    times = {name: median_ms(call) for name, call in calls.items()}
-    forward_bytes = nbytes(x, grid) + nbytes(grad)  # y is grad-sized
-    backward_bytes = 2 * nbytes(grad, x, grid) - nbytes(grad)  # read grad, x, grid; write dx, dgrid
-    row = {"case": case.name, "describe": case.describe(), "in": tuple(x.shape), "grid": tuple(grid.shape),
-           "cold_ms": cold, "times_ms": times,
-           "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
-           "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
-           "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
-           "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
-           "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
-           "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9)}
-    del grad, x, grid, grad_ncdhw, x_ncdhw
-    if DEVICE == "cuda":
-        torch.cuda.empty_cache()
-    return row
+    return time_case(case, lambda: gs.grid_sampler3d(x, grid, **ours), torch_forward,
+                     lambda mask, deterministic: gs.grid_sampler3d_backward(grad, x, grid, output_mask=mask,
+                                                                            deterministic=deterministic, **ours),
+                     torch_backward, (grad, x, grid), bandwidth)
 
 
 def phase_speed(run: Run, suite, scale: float, reserve: float) -> None:

@@ -56,49 +56,51 @@ def _grid_sampler3d_backward_fake(grad, input, grid, interpolation_mode, padding
     return dx, dgrid
 
 
-def _setup_context(ctx, inputs, output):
-    input, grid, interpolation_mode, padding_mode, align_corners = inputs
-    ctx.save_for_backward(input, grid)
-    ctx.attributes = (interpolation_mode, padding_mode, align_corners)
+def _register_autograd(forward_op, backward_op, differentiable) -> None:
+    """Autograd for a sampling op pair: ``forward_op(input, field, *attributes)`` (field: a grid or a
+    displacement) and ``backward_op(grad, input, field, *attributes, output_mask)``; second
+    derivatives through ``differentiable(input, field, *attributes)``, the composite of the same rules."""
+
+    def setup_context(ctx, inputs, output):
+        input, field, *attributes = inputs
+        ctx.save_for_backward(input, field)
+        ctx.attributes = tuple(attributes)
+
+    def backward(ctx, grad_output):
+        input, field = ctx.saved_tensors
+        output_mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
+        dx, dfield = backward_op(grad_output, input, field, *ctx.attributes, output_mask)
+        return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
+
+    def setup_backward_context(ctx, inputs, output):
+        grad, input, field, *attributes, output_mask = inputs
+        ctx.save_for_backward(grad, input, field)
+        ctx.attributes = tuple(attributes)
+        ctx.output_mask = output_mask
+
+    def double_backward(ctx, grad_dx, grad_dfield):
+        """Gradients of <grad_dx, dx> + <grad_dfield, dfield> through the differentiable composite."""
+        saved = ctx.saved_tensors
+        with torch.enable_grad():
+            grad, input, field = (tensor.detach().requires_grad_() for tensor in saved)
+            output = differentiable(input, field, *ctx.attributes)
+            dx, dfield = torch.autograd.grad(output, (input, field), grad, create_graph=True, allow_unused=True,
+                                             materialize_grads=True)
+            total = output.new_zeros(())
+            if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
+                total = total + (dx * grad_dx).sum()
+            if ctx.output_mask[1] and grad_dfield is not None and grad_dfield.numel():
+                total = total + (dfield * grad_dfield).sum()
+            if not total.requires_grad:
+                return None, None, None, None, None, None, None
+            grads = torch.autograd.grad(total, (grad, input, field), allow_unused=True, materialize_grads=True)
+        return (*grads, None, None, None, None)
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+    backward_op.register_autograd(double_backward, setup_context=setup_backward_context)
 
 
-def _backward(ctx, grad_output):
-    input, grid = ctx.saved_tensors
-    output_mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
-    dx, dgrid = grid_sampler3d_backward_op(grad_output, input, grid, *ctx.attributes, output_mask)
-    return (dx if output_mask[0] else None), (dgrid if output_mask[1] else None), None, None, None
-
-
-grid_sampler3d_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-def _setup_backward_context(ctx, inputs, output):
-    grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask = inputs
-    ctx.save_for_backward(grad, input, grid)
-    ctx.attributes = (interpolation_mode, padding_mode, align_corners)
-    ctx.output_mask = output_mask
-
-
-def _double_backward(ctx, grad_dx, grad_dgrid):
-    """Gradients of <grad_dx, dx> + <grad_dgrid, dgrid> through the differentiable composite."""
-    saved = ctx.saved_tensors
-    with torch.enable_grad():
-        grad, input, grid = (tensor.detach().requires_grad_() for tensor in saved)
-        output = composite.sample(input, grid, *ctx.attributes)
-        dx, dgrid = torch.autograd.grad(output, (input, grid), grad, create_graph=True, allow_unused=True,
-                                        materialize_grads=True)
-        total = output.new_zeros(())
-        if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
-            total = total + (dx * grad_dx).sum()
-        if ctx.output_mask[1] and grad_dgrid is not None and grad_dgrid.numel():
-            total = total + (dgrid * grad_dgrid).sum()
-        if not total.requires_grad:
-            return None, None, None, None, None, None, None
-        grads = torch.autograd.grad(total, (grad, input, grid), allow_unused=True, materialize_grads=True)
-    return (*grads, None, None, None, None)
-
-
-grid_sampler3d_backward_op.register_autograd(_double_backward, setup_context=_setup_backward_context)
+_register_autograd(grid_sampler3d_op, grid_sampler3d_backward_op, composite.sample)
 
 
 def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
@@ -164,42 +166,7 @@ def _warp3d_backward_fake(grad, volume, displacement, interpolation_mode, paddin
     return dx, dfield
 
 
-def _warp_setup_context(ctx, inputs, output):
-    volume, displacement, interpolation_mode, padding_mode, align_corners = inputs
-    ctx.save_for_backward(volume, displacement)
-    ctx.attributes = (interpolation_mode, padding_mode, align_corners)
-
-
-def _warp_backward(ctx, grad_output):
-    volume, displacement = ctx.saved_tensors
-    output_mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
-    dx, dfield = warp3d_backward_op(grad_output, volume, displacement, *ctx.attributes, output_mask)
-    return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
-
-
-warp3d_op.register_autograd(_warp_backward, setup_context=_warp_setup_context)
-
-
-def _warp_double_backward(ctx, grad_dx, grad_dfield):
-    """Gradients of <grad_dx, dvolume> + <grad_dfield, ddisplacement> through the differentiable composite."""
-    saved = ctx.saved_tensors
-    with torch.enable_grad():
-        grad, volume, displacement = (tensor.detach().requires_grad_() for tensor in saved)
-        output = composite.warp(volume, displacement, *ctx.attributes)
-        dx, dfield = torch.autograd.grad(output, (volume, displacement), grad, create_graph=True,
-                                         allow_unused=True, materialize_grads=True)
-        total = output.new_zeros(())
-        if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
-            total = total + (dx * grad_dx).sum()
-        if ctx.output_mask[1] and grad_dfield is not None and grad_dfield.numel():
-            total = total + (dfield * grad_dfield).sum()
-        if not total.requires_grad:
-            return None, None, None, None, None, None, None
-        grads = torch.autograd.grad(total, (grad, volume, displacement), allow_unused=True, materialize_grads=True)
-    return (*grads, None, None, None, None)
-
-
-warp3d_backward_op.register_autograd(_warp_double_backward, setup_context=_setup_backward_context)
+_register_autograd(warp3d_op, warp3d_backward_op, composite.warp)
 
 
 def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_mode: str = "border",

@@ -5,10 +5,10 @@ import contextlib
 import itertools
 
 import torch
-import torch.nn.functional as F
 
 import gridsampler3d as gs
 from gridsampler3d import composite, precision
+from gridsampler3d.bench.runner import plumbed_warp
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_IDS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
@@ -94,13 +94,7 @@ def _warp_by_hand(volume, displacement, mode, padding, align_corners, data_forma
     if mode == "bicubic":
         y = composite.warp(x, field, 2, int(gs.modes.parse_padding(padding)), align_corners)
     else:
-        depth, height, width = field.shape[2:]
-        axes = [torch.arange(size, dtype=field.dtype) for size in (depth, height, width)]
-        zz, yy, xx = torch.meshgrid(*axes, indexing="ij")
-        positions = torch.stack([xx + field[:, 2], yy + field[:, 1], zz + field[:, 0]], dim=-1)
-        sizes = torch.tensor([width, height, depth], dtype=field.dtype)
-        grid = positions * 2 / (sizes - 1) - 1 if align_corners else (positions * 2 + 1) / sizes - 1
-        y = F.grid_sample(x, grid, mode, padding, align_corners)
+        y = plumbed_warp(x, field, mode, padding, align_corners)
     return (y.permute(0, 2, 3, 4, 1) if channels_last else y), x, field
 
 

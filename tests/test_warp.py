@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import gridsampler3d as gs
 from gridsampler3d import precision, reference
 from gridsampler3d.modes import Interpolation, Padding
-from helpers import DTYPE_IDS, poisoned_allocations
+from gridsampler3d.bench.runner import plumbed_grid
+from helpers import DTYPE_IDS, competitor_warp, poisoned_allocations
 
 # Compile time bounds what the Numba engine is asked here: each (mode, padding,
 # align_corners) builds its own kernels. These cover every padding, both align_corners and
@@ -29,16 +30,6 @@ def warp_case(batch=2, channels=3, size=(5, 6, 7), magnitude=2.5, dtype=torch.fl
     return grad.to(dtype), volume.to(dtype), displacement.to(dtype)
 
 
-def explicit_grid(displacement, align_corners):
-    """The grid today's registration code builds: identity + displacement, normalised, as (x, y, z)."""
-    sizes = displacement.shape[2:]
-    axes = [torch.arange(size, dtype=displacement.dtype) for size in sizes]
-    position = torch.stack(torch.meshgrid(*axes, indexing="ij")).unsqueeze(0) + displacement
-    normalised = [2 * position[:, axis] / max(size - 1, 1) - 1 if align_corners
-                  else (2 * position[:, axis] + 1) / size - 1 for axis, size in enumerate(sizes)]
-    return torch.stack(normalised[::-1], dim=-1)
-
-
 def _golden(grad, volume, displacement, mode, padding, corners, output_mask=(True, True)):
     """The float64 reference of the fused warp on the (upcast) operands: y, dvolume, ddisplacement."""
     args = (gs.Interpolation[mode.upper()], gs.Padding[padding.upper()], corners)
@@ -46,17 +37,6 @@ def _golden(grad, volume, displacement, mode, padding, corners, output_mask=(Tru
     y = torch.from_numpy(reference.warp_fwd(x, field, *args))
     dx, dfield = reference.warp_bwd(grad.double().numpy(), x, field, *args, output_mask=output_mask)
     return y, (None if dx is None else torch.from_numpy(dx)), (None if dfield is None else torch.from_numpy(dfield))
-
-
-def _competitor(grad, volume, displacement, mode, padding, corners):
-    """PyTorch's step in the operands' dtype (float32 for half types): grid plumbing, then F.grid_sample."""
-    dtype = volume.dtype
-    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    x = volume.to(compute).requires_grad_()
-    field = displacement.to(compute).requires_grad_()
-    y = F.grid_sample(x, explicit_grid(field, corners), mode, padding, corners)
-    dx, dfield = torch.autograd.grad(y, (x, field), grad.to(compute))
-    return y.detach().to(dtype), dx.to(dtype), dfield.to(dtype)
 
 
 @pytest.mark.parametrize("case", FULL_MATRIX, ids=lambda case: "-".join(map(str, case)))
@@ -71,7 +51,7 @@ def test_reference_warp_is_the_explicit_grid_warp(case):
     grad, volume, displacement = warp_case()
     y, dx, dfield = _golden(grad, volume, displacement, mode, padding, corners)
     x, field = volume.clone().requires_grad_(), displacement.clone().requires_grad_()
-    grid = explicit_grid(field, corners)
+    grid = plumbed_grid(field, corners)
     sample = gs.grid_sample if mode == "bicubic" else F.grid_sample
     y_grid = sample(x, grid, mode, padding, corners)
     dx_grid, dfield_grid = torch.autograd.grad(y_grid, (x, field), grad)
@@ -116,7 +96,7 @@ def test_lower_precision_meets_the_precision_rule(dtype):
     y = gs.warp3d(volume, displacement, "bilinear", "border", True, backend="numba")
     dx, dfield = gs.warp3d_backward(grad, volume, displacement, "bilinear", "border", True, backend="numba")
     golden = _golden(grad, volume, displacement, "bilinear", "border", True)
-    competitor = _competitor(grad, volume, displacement, "bilinear", "border", True)
+    competitor = competitor_warp(grad, volume, displacement, "bilinear", "border", True)
     for name, ours, gold, theirs in zip(("y", "dvolume", "ddisplacement"), (y, dx, dfield), golden, competitor):
         assert ours.dtype == dtype and ours.shape == gold.shape, name
         report = precision.compare(name, ours, gold, theirs, dtype)
@@ -221,7 +201,7 @@ def _integrate_reference(velocity, steps):
     """Scaling and squaring composed from PyTorch's own pieces in float64: plumbed grid, F.grid_sample."""
     displacement = velocity / 2**steps
     for _ in range(steps):
-        displacement = displacement + F.grid_sample(displacement, explicit_grid(displacement, True), "bilinear",
+        displacement = displacement + F.grid_sample(displacement, plumbed_grid(displacement, True), "bilinear",
                                                     "zeros", True)
     return displacement
 

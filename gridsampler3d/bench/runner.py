@@ -113,16 +113,21 @@ def machine_info(device: str = "cpu") -> dict:
     return info
 
 
-def plumbed_warp(volume, displacement, mode: str, padding: str, align_corners: bool):
-    """PyTorch's registration step as VoxelMorph and MONAI write it: identity + displacement,
-    normalised per axis, stacked as (x, y, z), then ``F.grid_sample``."""
-    sizes = volume.shape[2:]
-    axes = [torch.arange(size, device=volume.device, dtype=displacement.dtype) for size in sizes]
+def plumbed_grid(displacement, align_corners: bool):
+    """The grid registration code builds from a displacement (N, 3, D, H, W), (dz, dy, dx) in voxels:
+    identity + displacement, normalised per axis, stacked as (x, y, z): (N, D, H, W, 3)."""
+    sizes = displacement.shape[2:]
+    axes = [torch.arange(size, device=displacement.device, dtype=displacement.dtype) for size in sizes]
     position = torch.stack(torch.meshgrid(*axes, indexing="ij")).unsqueeze(0) + displacement
     normalised = [2 * position[:, axis] / max(size - 1, 1) - 1 if align_corners
                   else (2 * position[:, axis] + 1) / size - 1 for axis, size in enumerate(sizes)]
-    grid = torch.stack(normalised[::-1], dim=-1)
-    return torch.nn.functional.grid_sample(volume, grid, mode, padding, align_corners)
+    return torch.stack(normalised[::-1], dim=-1)
+
+
+def plumbed_warp(volume, displacement, mode: str, padding: str, align_corners: bool):
+    """PyTorch's registration step as VoxelMorph and MONAI write it: :func:`plumbed_grid`, then ``F.grid_sample``."""
+    return torch.nn.functional.grid_sample(volume, plumbed_grid(displacement, align_corners), mode, padding,
+                                           align_corners)
 
 
 def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -> dict:
