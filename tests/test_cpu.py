@@ -203,6 +203,26 @@ def test_hot_loops_stay_vectorised(padding, voxels):
         assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)
 
 
+def test_helpers_compile_once_per_type_not_once_per_mode():
+    """Every mode's kernel shares one compiled copy of each helper (the cold compile budget)."""
+    from gridsampler3d.cpu import block, coords
+
+    helpers = (block._trilinear_pass, block._point, coords.source_index, coords.reflect_with_grad)
+    _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
+    grad = torch.ones(1, 1, 2, 2, 2)
+
+    def run(padding, align_corners):
+        gs.grid_sampler3d(x, grid, "bilinear", padding, align_corners, backend="numba")
+        gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, align_corners, backend="numba")
+
+    run("reflection", False)
+    counts = [len(helper.signatures) for helper in helpers]
+    for padding, align_corners in itertools.product(["zeros", "border", "reflection"], [False, True]):
+        run(padding, align_corners)
+    # A literal-typed helper would gain a signature per padding and align_corners value.
+    assert [len(helper.signatures) for helper in helpers] == counts
+
+
 def test_grid_gradient_cancels_as_pytorch_does():
     """The separable sums take differences first, so constant data cancels exactly, as in PyTorch."""
     grad, x, grid = cancelling_channels_last_case()

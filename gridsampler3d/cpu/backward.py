@@ -17,12 +17,13 @@ from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, slab_taps, tap_delta, tap_weight, trilinear_cells
 from .coords import NEAREST, ZEROS
+from .jit import helper, outlined_helper
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 ALL_TAPS = 255
 
 
-@njit(cache=True, error_model="numpy", forceinline=True)
+@helper
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel."""
     depth, height, width = sizes
@@ -177,7 +178,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     return kernel
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+@helper
 def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, inside, offsets,
                    grad_x, grad_y, grad_z):
     """Per point i: grad_x/y/z[i] = sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad.
@@ -210,7 +211,7 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
             grad_x[i], grad_y[i], grad_z[i] = sum_x, sum_y, sum_z
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+@helper
 def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, inside,
                              offsets, pairs, grad_x, grad_y, grad_z):
     """The grid gradient as differences along each axis weighted by the other two axes' weights.
@@ -252,14 +253,14 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
             grad_z[i] += along_z * g
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+@helper
 def _tap_value(x, source, offsets, bits, tap, i):
     """x at tap ``tap`` of point ``i``, or 0 when the tap lies outside the volume."""
     value = float(x[source + offsets[tap * BLOCK + i]])
     return value if (bits >> tap) & 1 else 0.0
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+@helper
 def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels, channel_inner, dx_corner,
                      taps):
     """Phase B of nearest: dx[voxel] += grad for every point whose voxel lies in the slab, points in order."""
@@ -276,7 +277,7 @@ def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_stride
 
 # The channels-last paths are called, not inlined: inlined beside the channel-outer loops
 # they made LLVM compile those loops markedly slower.
-@njit(cache=True, error_model="numpy", nogil=True)
+@outlined_helper
 def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_step, channels, dx_corner, taps):
     for i in range(count):
         if taps[i]:
@@ -286,7 +287,7 @@ def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_ste
                 dx[target + c] += grad[source + c]
 
 
-@njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+@helper
 def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, channel_inner,
              weights, dx_corner, in_slab):
     """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``in_slab``, points in order."""
@@ -312,7 +313,7 @@ def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_st
                         dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g
 
 
-@njit(cache=True, error_model="numpy", nogil=True)
+@outlined_helper
 def _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_step, channels, weights, dx_corner,
                             in_slab):
     """Channels-last phase B: each tap adds weight * grad to the tap's contiguous channel vector."""

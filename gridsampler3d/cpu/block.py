@@ -10,12 +10,10 @@ Taps are numbered as PyTorch visits them: bit 0 steps x, bit 1 y, bit 2 z.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .coords import REFLECTION, ROUNDER, ZEROS, source_index
+from .jit import helper
 from .tuning import BLOCK
-
-helper = njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
 
 
 @helper

@@ -8,7 +8,8 @@ coordinates.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .jit import helper
 
 INT_MAX = 2147483647
 INT_MIN = -2147483648
@@ -20,7 +21,7 @@ ZEROS, BORDER, REFLECTION = 0, 1, 2
 
 # LLVM inlines these into each kernel (forceinline), where they fold with the kernel's
 # compile-time modes; Numba's IR inliner would cost several times the compile time.
-kernel = njit(cache=True, error_model="numpy", nogil=True, forceinline=True)
+kernel = helper
 
 
 @kernel

@@ -17,6 +17,7 @@ from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, tap_weight, trilinear_cells
 from .coords import NEAREST
+from .jit import outlined_helper
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -104,7 +105,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer
 # loop beside it twice as slow.
-@njit(cache=True, error_model="numpy", nogil=True)
+@outlined_helper
 def _channels_inner(count, x, x_batch, y, out, y_step, channels, weights, offsets, inside, totals):
     """Channels-last forward of one block: per point, the taps' channel vectors summed in tap order."""
     for i in range(count):

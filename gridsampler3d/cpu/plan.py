@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .coords import NEAREST, REFLECTION, ROUNDER, source_index
+from .jit import helper
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -25,7 +26,7 @@ from .tuning import BLOCK
 _MONOTONIC_LIMIT = 2.0**20
 
 
-@njit(cache=True, error_model="numpy", forceinline=True)
+@helper
 def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, voxels, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
@@ -41,7 +42,7 @@ def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corn
     return unresolved
 
 
-@njit(cache=True, error_model="numpy", forceinline=True)
+@helper
 def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin):
     """The lowest depth of the taps of one point whose z grid value (or displacement) is ``value``."""
     iz, _, _ = source_index(value, depth, padding, align_corners, False, True, voxels, origin)
