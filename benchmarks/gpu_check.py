@@ -7,10 +7,11 @@ as soon as it has a result, so that a run cut short still returns everything bef
 
 1. machine: GPU, versions, clocks, copy bandwidth;
 2. speed: the GPU suite (below) against PyTorch CUDA in this process, medians of
-   ``triton.testing.do_bench`` after a first (cold, compiling) call that is timed apart:
+   ``triton.testing.do_bench`` after a first (cold: compiling and tuning) call timed apart:
    forward, fast and deterministic backward, and each ``output_mask`` (dx only, dgrid
    only); bytes moved against the copy bandwidth;
-3. registers: registers and spills of every kernel compiled so far, from the driver;
+3. registers: registers and spills of every kernel compiled so far, from the driver, and
+   the launch shapes the tuner chose (``gridsampler3d.gpu.tuning``) with each candidate's time;
 4. correctness: the mode matrix (bicubic included) x layouts, float32 first, then the half
    types and float64, both backward modes, by the SPEC section 5 rule, until the budget
    is spent (``check_done`` says how far it got);
@@ -246,7 +247,7 @@ def phase_speed(run: Run, suite, scale: float, reserve: float) -> None:
 
 def phase_registers(run: Run) -> None:
     """Registers and spills per compiled kernel, as the driver loaded them."""
-    from gridsampler3d.gpu import backward, bicubic, forward
+    from gridsampler3d.gpu import backward, bicubic, forward, tuning
 
     kernels = []
     for module in (forward, backward, bicubic):
@@ -258,6 +259,7 @@ def phase_registers(run: Run) -> None:
                                     "spills": getattr(compiled, "n_spills", None),
                                     "num_warps": compiled.metadata.num_warps})
     run.report["registers"] = kernels
+    run.report["tuning"] = tuning.TUNER.report()
     run.save("registers")
 
 
@@ -346,6 +348,11 @@ def markdown(report: dict) -> str:
     if report.get("registers"):
         lines += ["", "| kernel | num_warps | registers | spills |", "| --- | ---: | ---: | ---: |"]
         lines += [f"| {k['kernel']} | {k['num_warps']} | {k['registers']} | {k['spills']} |" for k in report["registers"]]
+    if report.get("tuning"):
+        lines += ["", "| tuned launch (kernel, dtype, layout, channels) | chosen | candidates (ms) |", "| --- | --- | --- |"]
+        for tuned in report["tuning"]:
+            times = "; ".join(f"{candidate['shape']}: {candidate['ms']}" for candidate in tuned["candidates"])
+            lines.append(f"| {', '.join(tuned['key'])} | {tuned['chosen']} | {times} |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import torch
 
 import gridsampler3d as gs
 from gridsampler3d.backends import BACKENDS
-from gridsampler3d.gpu import engine
+from gridsampler3d.gpu import engine, tuning
 from helpers import (DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches,
                      cancelling_channels_last_case, make_case, matrix_id)
 
@@ -151,6 +151,69 @@ def test_dgrid_is_the_same_in_both_modes():
     _, fast = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=False)
     _, exact = gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=True)
     assert torch.equal(fast, exact)
+
+
+def test_tuner_keeps_the_fastest_shape_per_key():
+    seconds = {"a": 3.0, "b": 1.0, "c": 2.0}
+    timed = []
+
+    def timer(run, repeats):
+        run()
+        return seconds[timed[-1]]
+
+    tuner = tuning.Tuner(timer=timer)
+    assert tuner.choose("k", ["a", "b", "c"], timed.append) == "b"
+    assert timed == ["a", "b", "c"]
+    assert tuner.choose("k", ["a", "b", "c"], timed.append) == "b" and len(timed) == 3  # remembered, not re-timed
+    assert tuner.choose("other", ["a", "b", "c"], timed.append, tune=False) == "a" and len(timed) == 3
+    assert tuner.report()[0]["chosen"] == "b" and [c["ms"] for c in tuner.report()[0]["candidates"]] == [3e3, 1e3, 2e3]
+    assert not tuning.enabled(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("candidate", [0, 1, 2, 3])
+def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
+    """Every shape the tuner may pick gives the same bits: forward, and dx of the deterministic mode."""
+    picked = []
+
+    def launch_candidate(kernel, x, candidates, launch, tune=True):
+        picked.append((kernel, min(candidate, len(candidates) - 1)))
+        launch(candidates[min(candidate, len(candidates) - 1)])
+
+    outputs = {}
+    for data_format in ("NCDHW", "NDHWC"):
+        grad, x, grid = _on(DEVICE, *make_case(1, 5, (4, 5, 6), (5, 6, 7), torch.float32, data_format, seed=4,
+                                               low=-1.5, high=1.5))
+        for patched in (False, True):
+            if patched:
+                monkeypatch.setattr(engine, "_launch_tuned", launch_candidate)
+            y = gs.grid_sampler3d(x, grid, data_format=data_format, backend="triton")
+            dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend="triton",
+                                                   deterministic=True)
+            outputs[data_format, patched] = (y, dx, dgrid)
+            monkeypatch.undo()
+        assert all(torch.equal(a, b) for a, b in zip(outputs[data_format, False], outputs[data_format, True]))
+    assert {kernel for kernel, _ in picked} == {"forward", "backward", "dx_gather"}
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_tuned_launches_give_the_golden(monkeypatch, deterministic):
+    """With tuning on, each candidate runs on the real operands before the chosen one: an output
+    accumulated into (the fast mode's atomic dx) must start from zero again."""
+    monkeypatch.setattr(tuning, "enabled", lambda device: True)
+    calls = []
+
+    def timer(run, repeats):
+        run()
+        calls.append(run)
+        return 1.0 / len(calls)  # the last candidate looks fastest
+
+    monkeypatch.setattr(tuning, "TUNER", tuning.Tuner(timer=timer))
+    grad, x, grid = _on(DEVICE, *make_case(1, 3, (4, 5, 6), (5, 6, 7), torch.float32, seed=8))
+    assert_forward_matches(x, grid, backend="triton", label="tuned")
+    assert_backward_matches(grad, x, grid, backend="triton", label="tuned", deterministic=deterministic)
+    tuned = {entry["key"][0]: entry for entry in tuning.TUNER.report()}
+    assert set(tuned) == ({"forward", "dx_gather"} if deterministic else {"forward", "backward"})
+    assert all(entry["chosen"] == entry["candidates"][-1]["shape"] for entry in tuned.values())
 
 
 def test_deterministic_none_follows_torch_flag(monkeypatch):

@@ -22,6 +22,7 @@ import torch
 from ..layout import memory_format_of
 from ..rounding import round_once
 from ..modes import Interpolation, Padding
+from . import tuning
 
 __all__ = ["TritonBackend", "interpreter_enabled"]
 
@@ -96,7 +97,7 @@ def _field(field: torch.Tensor, voxels: bool) -> tuple[tuple[int, int, int], tup
     return tuple(field.shape[1:4]), tuple(field.stride())
 
 
-def _patch_tile(x: torch.Tensor, out_sizes, elements: int) -> dict:
+def _patch_tile(x: torch.Tensor, out_sizes, elements: int, num_warps: int | None = None) -> dict:
     """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
 
     NCDHW: one channel per step, lanes along points, ``elements`` points per program.
@@ -104,7 +105,8 @@ def _patch_tile(x: torch.Tensor, out_sizes, elements: int) -> dict:
     Either way few enough that no thread spills (docs/gpu.md, registers). BLOCK_W follows
     the output's width (idle lanes cost as much as busy ones); BLOCK_H, then BLOCK_D, fill
     the rest of the patch. Under the interpreter, whose cost is per program and per
-    operation rather than per lane, patches are 8x larger.
+    operation rather than per lane, patches are 8x larger. ``num_warps`` overrides the
+    warps that follow from the patch's size.
     """
     import triton
 
@@ -114,8 +116,28 @@ def _patch_tile(x: torch.Tensor, out_sizes, elements: int) -> dict:
     block_w = min(triton.next_power_of_2(out_width), points)
     block_h = min(triton.next_power_of_2(out_height), points // block_w)
     block_d = min(triton.next_power_of_2(out_depth), points // (block_w * block_h))
-    return {"BLOCK_D": block_d, "BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_C": block_c,
-            "num_warps": max(1, min(4, block_d * block_h * block_w * block_c // 32))}
+    warps = num_warps or max(1, min(4, block_d * block_h * block_w * block_c // 32))
+    return {"BLOCK_D": block_d, "BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_C": block_c, "num_warps": warps}
+
+
+def _tile_candidates(x: torch.Tensor, out_sizes, elements: int) -> list[dict]:
+    """The default patch (first) and those the tuner may try: half and twice the points, twice the warps."""
+    default = _patch_tile(x, out_sizes, elements)
+    shapes = (default, _patch_tile(x, out_sizes, elements // 2), _patch_tile(x, out_sizes, elements * 2),
+              _patch_tile(x, out_sizes, elements, num_warps=min(8, 2 * default["num_warps"])))
+    return [shape for index, shape in enumerate(shapes) if shape not in shapes[:index]]
+
+
+def _launch_tuned(kernel: str, x: torch.Tensor, candidates: list, launch, tune: bool = True) -> None:
+    """Launch with the candidate shape :mod:`.tuning` chose for (kernel, dtype, layout, channels).
+
+    ``tune`` False (a launch whose results would depend on the shape) launches the default.
+    """
+    import triton
+
+    layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
+    key = (kernel, str(x.dtype).removeprefix("torch."), layout, triton.next_power_of_2(x.shape[1]))
+    launch(tuning.TUNER.choose(key, candidates, launch, tune and tuning.enabled(x.device)))
 
 
 def _patch_grid(batch: int, out_sizes, tile: dict) -> tuple[int, int]:
@@ -230,9 +252,13 @@ class TritonBackend:
                 bicubic.bicubic_fwd_kernel[(triton.cdiv(points, block_p), triton.cdiv(channels, block_c))](
                     x, field, y, points, channels, *sizes, *strides, **modes, BLOCK_P=block_p, BLOCK_C=block_c)
             else:
-                tile = _patch_tile(x, out_sizes, elements=128 if _channel_block(x) == 1 else 512)
-                forward.grid_sampler3d_fwd_kernel[_patch_grid(batch, out_sizes, tile)](
-                    x, field, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
+                def launch(tile):
+                    forward.grid_sampler3d_fwd_kernel[_patch_grid(batch, out_sizes, tile)](
+                        x, field, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
+
+                # Each output element is one lane's sum over its taps: no shape changes a result.
+                _launch_tuned("forward", x, _tile_candidates(x, out_sizes, 128 if _channel_block(x) == 1 else 512),
+                              launch)
         return y.to(x.dtype)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, deterministic, voxels):
@@ -280,11 +306,22 @@ class TritonBackend:
                     bicubic.bicubic_bwd_kernel[(triton.cdiv(points, block_p),)](
                         *operands, points, channels, *sizes_and_strides, **flags, BLOCK_P=block_p, BLOCK_C=block_c)
                 else:
-                    tile = _patch_tile(x, out_sizes, elements=128 if _channel_block(x) == 1 else 256)
+                    candidates = _tile_candidates(x, out_sizes, 128 if _channel_block(x) == 1 else 256)
                     if x.dtype == torch.float64:
-                        tile["BLOCK_C"] = 1  # the grid gradient summed channel by channel: PyTorch's order, bit for bit
-                    backward.grid_sampler3d_bwd_kernel[_patch_grid(batch, out_sizes, tile)](
-                        *operands, channels, *sizes_and_strides, **flags, **tile)
+                        for tile in candidates:
+                            tile["BLOCK_C"] = 1  # the grid gradient summed channel by channel: PyTorch's order
+
+                    def launch(tile):
+                        if atomic_dx:
+                            dx.zero_()  # a timed launch has added into it
+                        backward.grid_sampler3d_bwd_kernel[_patch_grid(batch, out_sizes, tile)](
+                            *operands, channels, *sizes_and_strides, **flags, **tile)
+
+                    # Tuned in the fast mode only, and there only where no reduction runs across
+                    # the lanes of a channel vector (whose order a shape could change): the grid
+                    # gradient stays the same in both modes and from run to run.
+                    tune = atomic_dx and (not kernel_dfield or candidates[0]["BLOCK_C"] == 1)
+                    _launch_tuned("backward", x, candidates, launch, tune)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
@@ -325,10 +362,19 @@ class TritonBackend:
                 **modes, ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c, **_fusion(x.dtype))
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
-        backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
-            grad, field, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(), *field_strides,
-            *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v, BLOCK_C=block_c,
-            **_fusion(x.dtype))
+
+        def launch(shape):
+            block_v, num_warps = shape
+            backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
+                grad, field, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(),
+                *field_strides, *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v,
+                BLOCK_C=block_c, num_warps=num_warps, **_fusion(x.dtype))
+
+        # Each (voxel, channel) lane sums its own bucket in order: no shape changes a result.
+        warps = 4
+        candidates = [(block_v, warps), (max(16, block_v // 2), warps), (2 * block_v, warps), (block_v, 2 * warps)]
+        _launch_tuned("dx_gather", x, [shape for index, shape in enumerate(candidates)
+                                       if shape not in candidates[:index]], launch)
         return round_once(dx, x.dtype)
 
     @staticmethod
