@@ -192,7 +192,7 @@ def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
             outputs[data_format, patched] = (y, dx, dgrid)
             monkeypatch.undo()
         assert all(torch.equal(a, b) for a, b in zip(outputs[data_format, False], outputs[data_format, True]))
-    assert {kernel for kernel, _ in picked} == {"forward", "backward", "dx_gather"}
+    assert {kernel for kernel, _ in picked} == {"forward bilinear", "backward bilinear", "dx_gather bilinear"}
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
@@ -212,7 +212,8 @@ def test_tuned_launches_give_the_golden(monkeypatch, deterministic):
     assert_forward_matches(x, grid, backend="triton", label="tuned")
     assert_backward_matches(grad, x, grid, backend="triton", label="tuned", deterministic=deterministic)
     tuned = {entry["key"][0]: entry for entry in tuning.TUNER.report()}
-    assert set(tuned) == ({"forward", "dx_gather"} if deterministic else {"forward", "backward"})
+    assert set(tuned) == ({"forward bilinear", "dx_gather bilinear"} if deterministic
+                          else {"forward bilinear", "backward bilinear"})
     assert all(entry["chosen"] == entry["candidates"][-1]["shape"] for entry in tuned.values())
 
 

@@ -6,8 +6,9 @@ atomic adds of ``grad * weight`` into each tap.
 
 The deterministic mode builds dx as a gather instead (docs/gpu.md): ``bucket_keys_kernel``
 gives every point the key of its lowest corner (one past the end when no tap can land
-inside), a stable sort groups points by key in point order, and ``dx_gather_kernel``
-gives each voxel its sum over the (up to eight) buckets whose cells touch it, in a fixed
+inside), a stable sort groups points by key in point order, ``sorted_records_kernel``
+writes each point's record (its source indices and where its grad lies) once in that
+order, and ``dx_gather_kernel`` gives each voxel its sum over the (up to eight) buckets whose cells touch it, in a fixed
 order: taps in PyTorch's order, points ascending within a bucket. Nothing depends on
 timing, so the result is bitwise the same on every run.
 
@@ -148,24 +149,57 @@ def bucket_keys_kernel(
 
 
 @triton.jit
-def dx_gather_kernel(
-    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr, chunk_starts_ptr, partials_ptr,
-    voxels, channels, depth, height, width, out_depth, out_height, out_width,
-    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
+def sorted_records_kernel(
+    grid_ptr, order_ptr, records_ptr, grad_offsets_ptr, entries, depth, height, width, out_depth, out_height,
+    out_width, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w,
     grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
     INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
-    ACC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
-    """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
+    """Each point's record, written once at its place in the sorted order (``order``).
 
-    ``order`` lists point indices sorted (stably) by key; ``starts[k]`` is where key k's
-    bucket begins in it (``starts[k + 1]`` where it ends). With ``SPLIT``, a bucket with
-    chunks (``chunk_starts[k]`` .. ``chunk_starts[k + 1]``) is summed from their partial
-    sums (:func:`bucket_partials_kernel`), in chunk order, instead of point by point.
+    grad_offsets[j] (int64) is where sorted point j's grad starts (its channel 0); for
+    trilinear, records[j], records[entries + j] and records[2 * entries + j] (float64) are
+    its source indices ix, iy, iz, from which the gather and partial-sum kernels take
+    every tap weight. They then read contiguous records instead of reading the grid at
+    random and recomputing a point's coordinates once per tap.
     """
     depth, height, width = wide(depth), wide(height), wide(width)
     out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
+    entries = wide(entries)
+    entry = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    entry_mask = entry < entries
+    point = tl.load(order_ptr + entry, mask=entry_mask, other=0).to(tl.int64)
+    n, d, h, w = point_position(point, out_depth, out_height, out_width)
+    grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
+    tl.store(grad_offsets_ptr + entry, grad_offset, mask=entry_mask)
+    if INTERPOLATION != NEAREST:
+        grid_offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
+        ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, entry_mask, depth, height, width, d,
+                                            h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
+        tl.store(records_ptr + entry, ix, mask=entry_mask)
+        tl.store(records_ptr + entries + entry, iy, mask=entry_mask)
+        tl.store(records_ptr + 2 * entries + entry, iz, mask=entry_mask)
+
+
+@triton.jit
+def dx_gather_kernel(
+    grad_ptr, records_ptr, grad_offsets_ptr, dx_ptr, starts_ptr, chunk_starts_ptr, partials_ptr,
+    entries, voxels, channels, depth, height, width, grad_stride_c,
+    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
+    INTERPOLATION: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
+
+    ``starts[k]`` is where key k's bucket begins in the sorted order (``starts[k + 1]``
+    where it ends), whose records :func:`sorted_records_kernel` wrote. With ``SPLIT``, a
+    bucket with chunks (``chunk_starts[k]`` .. ``chunk_starts[k + 1]``) is summed from
+    their partial sums (:func:`bucket_partials_kernel`), in chunk order, instead of point
+    by point.
+    """
+    depth, height, width = wide(depth), wide(height), wide(width)
+    entries = wide(entries)
     voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
     channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     voxel_mask = voxel < voxels
@@ -179,7 +213,7 @@ def dx_gather_kernel(
         step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
         # The bucket of cells whose tap (step_x, step_y, step_z) is this voxel.
         key = ((batch * (depth + 1) + vz - step_z + 1) * (height + 1) + vy - step_y + 1) * (width + 1) + vx - step_x + 1
-        first = tl.load(starts_ptr + key, mask=voxel_mask, other=0)
+        first = tl.load(starts_ptr + key, mask=voxel_mask, other=0).to(tl.int64)
         count = tl.load(starts_ptr + key + 1, mask=voxel_mask, other=0) - first
         if SPLIT:
             first_chunk = tl.load(chunk_starts_ptr + key, mask=voxel_mask, other=0).to(tl.int64)
@@ -192,45 +226,49 @@ def dx_gather_kernel(
                 total += tl.load(partials_ptr + partial, mask=live, other=0.0)
         for k in range(0, tl.max(count, axis=0)):
             live = voxel_mask & (k < count)
-            point = tl.load(order_ptr + first + k, mask=live, other=0)
-            n, d, h, w = point_position(point, out_depth, out_height, out_width)
-            grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
-            grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
-                           mask=live[:, None] & channel_mask, other=0.0).to(ACC)
-            if INTERPOLATION == NEAREST:
-                total += grad
-            else:
-                grid_offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
-                ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width, d,
-                                                    h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
-                weight = (tap_weight(ix, base_corner(ix, INTERPOLATION), step_x)
-                          * tap_weight(iy, base_corner(iy, INTERPOLATION), step_y)
-                          * tap_weight(iz, base_corner(iz, INTERPOLATION), step_z))
-                total += (grad.to(tl.float64) * weight[:, None]).to(ACC)  # each product rounded once
+            total += _record_term(grad_ptr, records_ptr, grad_offsets_ptr, first + k, entries, live, channel,
+                                  channel_mask, grad_stride_c, step_x, step_y, step_z, INTERPOLATION, ACC)
     out_offset = batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w
     tl.store(dx_ptr + out_offset[:, None] + (channel * dx_stride_c)[None, :], total,
              mask=voxel_mask[:, None] & channel_mask)
 
 
 @triton.jit
+def _record_term(grad_ptr, records_ptr, grad_offsets_ptr, entry, entries, live, channel, channel_mask,
+                 grad_stride_c, step_x, step_y, step_z, INTERPOLATION: tl.constexpr, ACC: tl.constexpr):
+    """grad * weight (BLOCK, BLOCK_C) of sorted entry ``entry`` for its tap (step_x, step_y, step_z),
+    in ``ACC``: the float64 product rounded once; 0 where not ``live``."""
+    grad_offset = tl.load(grad_offsets_ptr + entry, mask=live, other=0)
+    grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
+                   mask=live[:, None] & channel_mask, other=0.0)
+    if INTERPOLATION == NEAREST:
+        return grad.to(ACC)
+    ix = tl.load(records_ptr + entry, mask=live, other=0.0)
+    iy = tl.load(records_ptr + entries + entry, mask=live, other=0.0)
+    iz = tl.load(records_ptr + 2 * entries + entry, mask=live, other=0.0)
+    weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), step_x)
+              * linear_weight(iy, base_corner(iy, INTERPOLATION), step_y)
+              * linear_weight(iz, base_corner(iz, INTERPOLATION), step_z))
+    return (grad.to(tl.float64) * weight[:, None]).to(ACC)
+
+
+@triton.jit
 def bucket_partials_kernel(
-    grad_ptr, grid_ptr, partials_ptr, order_ptr, chunk_first_ptr, chunk_count_ptr,
-    chunks, channels, depth, height, width, out_depth, out_height, out_width,
-    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
-    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    INTERPOLATION: tl.constexpr, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr,
-    ACC: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    grad_ptr, records_ptr, grad_offsets_ptr, partials_ptr, chunk_first_ptr, chunk_count_ptr,
+    entries, chunks, channels, grad_stride_c,
+    INTERPOLATION: tl.constexpr, ACC: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """partials (chunks, taps, C) in ``ACC``: per chunk of at most CHUNK consecutive entries
-    of a long bucket (``order[chunk_first] ..``, ``chunk_count`` of them), per tap, the sum of
-    grad * weight in point order. Launch grid: (cdiv(chunks, BLOCK_K), taps, cdiv(C, BLOCK_C)).
+    of a long bucket (from ``chunk_first``, ``chunk_count`` of them, in the sorted order), per
+    tap, the sum of grad * weight in point order. Launch grid: (cdiv(chunks, BLOCK_K), taps,
+    cdiv(C, BLOCK_C)).
 
     A bucket with 10^5 points (border padding piles them into corner cells) is then summed
     by many lanes, CHUNK points each, and its voxels add the partial sums in chunk order:
     a fixed order, so still the same on every run.
     """
-    depth, height, width = wide(depth), wide(height), wide(width)
-    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
+    entries = wide(entries)
     chunk = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
     tap = tl.program_id(1)
     channel = tl.program_id(2).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -241,21 +279,8 @@ def bucket_partials_kernel(
     total = tl.zeros([BLOCK_K, BLOCK_C], ACC)
     for k in range(0, CHUNK):
         live = chunk_mask & (k < count)
-        point = tl.load(order_ptr + first + k, mask=live, other=0)
-        n, d, h, w = point_position(point, out_depth, out_height, out_width)
-        grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
-        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
-                       mask=live[:, None] & channel_mask, other=0.0).to(ACC)
-        if INTERPOLATION == NEAREST:
-            total += grad
-        else:
-            grid_offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
-            ix, iy, iz, _, _, _ = point_indices(grid_ptr, grid_offset, grid_stride_k, live, depth, height, width, d, h,
-                                                w, PADDING, ALIGN_CORNERS, False, VOXELS)
-            # The same product, in the same order, as dx_gather_kernel's.
-            weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), tap & 1)
-                      * linear_weight(iy, base_corner(iy, INTERPOLATION), (tap >> 1) & 1)
-                      * linear_weight(iz, base_corner(iz, INTERPOLATION), tap >> 2))
-            total += (grad.to(tl.float64) * weight[:, None]).to(ACC)  # each product rounded once
+        # The same product, in the same order, as dx_gather_kernel's.
+        total += _record_term(grad_ptr, records_ptr, grad_offsets_ptr, first + k, entries, live, channel,
+                              channel_mask, grad_stride_c, tap & 1, (tap >> 1) & 1, tap >> 2, INTERPOLATION, ACC)
     partial = (chunk * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels + channel[None, :]
     tl.store(partials_ptr + partial, total, mask=chunk_mask[:, None] & channel_mask)

@@ -131,6 +131,8 @@ def _tile_candidates(x: torch.Tensor, out_sizes, elements: int) -> list[dict]:
 def _launch_tuned(kernel: str, x: torch.Tensor, candidates: list, launch, tune: bool = True) -> None:
     """Launch with the candidate shape :mod:`.tuning` chose for (kernel, dtype, layout, channels).
 
+    ``kernel`` names the kernel and its interpolation ("forward bilinear"): their costs differ.
+
     ``tune`` False (a launch whose results would depend on the shape) launches the default.
     """
     import triton
@@ -257,8 +259,9 @@ class TritonBackend:
                         x, field, y, channels, *sizes, *strides, **modes, INTERPOLATION=int(interpolation), **tile)
 
                 # Each output element is one lane's sum over its taps: no shape changes a result.
-                _launch_tuned("forward", x, _tile_candidates(x, out_sizes, 128 if _channel_block(x) == 1 else 512),
-                              launch)
+                elements = 128 if _channel_block(x) == 1 else 512
+                _launch_tuned(f"forward {Interpolation(interpolation).name.lower()}", x,
+                              _tile_candidates(x, out_sizes, elements), launch)
         return y.to(x.dtype)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, deterministic, voxels):
@@ -321,7 +324,8 @@ class TritonBackend:
                     # the lanes of a channel vector (whose order a shape could change): the grid
                     # gradient stays the same in both modes and from run to run.
                     tune = atomic_dx and (not kernel_dfield or candidates[0]["BLOCK_C"] == 1)
-                    _launch_tuned("backward", x, candidates, launch, tune)
+                    _launch_tuned(f"backward {Interpolation(interpolation).name.lower()}", x, candidates, launch,
+                                  tune)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
@@ -344,36 +348,46 @@ class TritonBackend:
             field, keys, points, depth, height, width, *out_sizes, *field_strides, **modes, BLOCK_P=block_p)
         order = torch.sort(keys, stable=True).indices
         starts, counts = _bucket_starts(keys, buckets + 1, points)
+        trilinear = modes["INTERPOLATION"] != int(Interpolation.NEAREST)
+        # Each point's record, once, in sorted order: where its grad lies and (trilinear) its indices.
+        grad_offsets = torch.empty(points, dtype=torch.int64, device=x.device)
+        records = torch.empty(3 * points if trilinear else 1, dtype=torch.float64, device=x.device)
+        backward.sorted_records_kernel[(triton.cdiv(points, block_p),)](
+            field, order, records, grad_offsets, points, depth, height, width, *out_sizes, grad.stride(0),
+            *grad.stride()[2:], *field_strides, **modes, BLOCK_P=block_p)
+        del order
         acc = _accumulator(x.dtype, exact_half=True)
         chunked = _chunks(starts, counts, buckets, _BUCKET_CHUNK)
         block_v, block_c = _blocks(x, tile=128 if _channel_block(x) == 1 else 1024)  # 128 voxels NCDHW: no spills
-        sizes = (channels, depth, height, width, *out_sizes)
         if chunked is None:
             chunk_starts = partials = starts  # not read
         else:
             chunk_starts, first, count = chunked
-            taps = 1 if modes["INTERPOLATION"] == int(Interpolation.NEAREST) else 8
+            taps = 8 if trilinear else 1
             # In the accumulation dtype: float32 for float32, float64 otherwise.
             partials = torch.empty(first.numel(), taps, channels, device=x.device,
                                    dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
             block_k = 64
             backward.bucket_partials_kernel[(triton.cdiv(first.numel(), block_k), taps, triton.cdiv(channels, block_c))](
-                grad, field, partials, order, first, count, first.numel(), *sizes, *grad.stride(), *field_strides,
-                **modes, ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c, **_fusion(x.dtype))
+                grad, records, grad_offsets, partials, first, count, points, first.numel(), channels, grad.stride(1),
+                INTERPOLATION=modes["INTERPOLATION"], ACC=acc, CHUNK=_BUCKET_CHUNK, BLOCK_K=block_k, BLOCK_C=block_c,
+                **_fusion(x.dtype))
         dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
         voxels = batch * depth * height * width
 
         def launch(shape):
             block_v, num_warps = shape
             backward.dx_gather_kernel[(triton.cdiv(voxels, block_v), triton.cdiv(channels, block_c))](
-                grad, field, dx, order, starts, chunk_starts, partials, voxels, *sizes, *grad.stride(),
-                *field_strides, *dx.stride(), **modes, ACC=acc, SPLIT=chunked is not None, BLOCK_V=block_v,
-                BLOCK_C=block_c, num_warps=num_warps, **_fusion(x.dtype))
+                grad, records, grad_offsets, dx, starts, chunk_starts, partials, points, voxels, channels, depth,
+                height, width, grad.stride(1), *dx.stride(), INTERPOLATION=modes["INTERPOLATION"], ACC=acc,
+                SPLIT=chunked is not None, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=num_warps,
+                **_fusion(x.dtype))
 
         # Each (voxel, channel) lane sums its own bucket in order: no shape changes a result.
         warps = 4
         candidates = [(block_v, warps), (max(16, block_v // 2), warps), (2 * block_v, warps), (block_v, 2 * warps)]
-        _launch_tuned("dx_gather", x, [shape for index, shape in enumerate(candidates)
+        mode = "nearest" if modes["INTERPOLATION"] == int(Interpolation.NEAREST) else "bilinear"
+        _launch_tuned(f"dx_gather {mode}", x, [shape for index, shape in enumerate(candidates)
                                        if shape not in candidates[:index]], launch)
         return round_once(dx, x.dtype)
 
