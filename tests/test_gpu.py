@@ -170,6 +170,18 @@ def test_tuner_keeps_the_fastest_shape_per_key():
     assert not tuning.enabled(torch.device("cpu"))
 
 
+def test_tuning_is_off_when_switched_off_or_while_a_cuda_graph_is_captured(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    capturing = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
+    assert tuning.enabled(torch.device("cuda"))
+    capturing.append(True)
+    assert not tuning.enabled(torch.device("cuda"))
+    capturing.clear()
+    monkeypatch.setenv(tuning.ENVIRONMENT_VARIABLE, "0")
+    assert not tuning.enabled(torch.device("cuda"))
+
+
 @pytest.mark.parametrize("candidate", [0, 1, 2, 3])
 def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
     """Every shape the tuner may pick gives the same bits: forward, and dx of the deterministic mode."""

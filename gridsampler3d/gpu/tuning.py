@@ -9,8 +9,8 @@ split, never what is computed: the engine tunes only launches whose results do n
 depend on the split (``tests/test_gpu.py`` checks this for every candidate), so tuning
 never moves a bit of the deterministic mode.
 
-Under Triton's interpreter, or with ``GRIDSAMPLER3D_AUTOTUNE=0``, the first candidate
-(the engine's default shape) is used untimed.
+Under Triton's interpreter, with ``GRIDSAMPLER3D_AUTOTUNE=0``, or while a CUDA graph is
+being captured, the first candidate (the engine's default shape) is used untimed.
 """
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ Candidate = TypeVar("Candidate")
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether launches on ``device`` are tuned: CUDA devices, unless switched off by the environment."""
-    return device.type == "cuda" and os.environ.get(ENVIRONMENT_VARIABLE, "1") not in ("", "0")
+    """Whether launches on ``device`` are tuned: CUDA devices, unless switched off by the
+    environment, and not while a CUDA graph is being captured (timing needs to synchronise)."""
+    if device.type != "cuda" or os.environ.get(ENVIRONMENT_VARIABLE, "1") in ("", "0"):
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _cuda_seconds(run: Callable[[], None], repeats: int) -> float:
