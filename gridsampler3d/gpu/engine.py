@@ -138,7 +138,8 @@ def _launch_tuned(kernel: str, x: torch.Tensor, candidates: list, launch, tune: 
     import triton
 
     layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
-    key = (kernel, str(x.dtype).removeprefix("torch."), layout, triton.next_power_of_2(x.shape[1]))
+    # The device too: a process may drive GPUs of different kinds.
+    key = (kernel, str(x.dtype).removeprefix("torch."), layout, triton.next_power_of_2(x.shape[1]), str(x.device))
     launch(tuning.TUNER.choose(key, candidates, launch, tune and tuning.enabled(x.device)))
 
 
