@@ -187,8 +187,8 @@ def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
     """Every shape the tuner may pick gives the same bits: forward, and dx of the deterministic mode."""
     picked = []
 
-    def launch_candidate(kernel, x, candidates, launch, tune=True):
-        picked.append((kernel, min(candidate, len(candidates) - 1)))
+    def launch_candidate(kernel, interpolation, x, candidates, launch, tune=True):
+        picked.append((f"{kernel} {gs.Interpolation(interpolation).name.lower()}", min(candidate, len(candidates) - 1)))
         launch(candidates[min(candidate, len(candidates) - 1)])
 
     outputs = {}

@@ -19,12 +19,11 @@ OUT_OF_RANGE = -100.0
 BILINEAR, NEAREST = 0, 1
 ZEROS, BORDER, REFLECTION = 0, 1, 2
 
-# LLVM inlines these into each kernel (forceinline), where they fold with the kernel's
-# compile-time modes; Numba's IR inliner would cost several times the compile time.
-kernel = helper
+# The rules below are helpers (jit.py): LLVM inlines them into each kernel, where they fold
+# with the kernel's compile-time modes; Numba's IR inliner would cost several times the compile time.
 
 
-@kernel
+@helper
 def reflect_with_grad(index, twice_low, twice_high, exact=True):
     """Reflect about [twice_low / 2, twice_high / 2]: (index, gradient sign, resolved).
 
@@ -53,7 +52,7 @@ def reflect_with_grad(index, twice_low, twice_high, exact=True):
     return (span - extra + low) if odd else (extra + low), sign, resolved
 
 
-@kernel
+@helper
 def clip_with_grad(index, size):
     """Clip to [0, size - 1]; the bounds count as outside (gradient 0); NaN passes with 1."""
     upper = float(size - 1)
@@ -63,14 +62,14 @@ def clip_with_grad(index, size):
     return clipped, 0.0 if below | above else 1.0
 
 
-@kernel
+@helper
 def to_safe_range(index):
     """NaN, +-inf and values outside the int32 range become an out-of-bounds index."""
     usable = (index <= INT_MAX - 1) & (index >= INT_MIN)
     return index if usable else OUT_OF_RANGE
 
 
-@kernel
+@helper
 def source_index(coord, size, padding, align_corners, forward, exact=True, voxels=False, origin=0.0):
     """Voxel index and d index / d coord of one normalised coordinate along ``size`` voxels.
 
@@ -118,7 +117,7 @@ ROUNDER = 6755399441055744.0
 CUBIC_A = -0.75
 
 
-@kernel
+@helper
 def unnormalize(coord, size, align_corners, voxels=False, origin=0.0):
     """(index, d index / d coord) of a normalised coordinate along ``size`` voxels
     (with ``voxels``: of a displacement from ``origin``, see :func:`source_index`)."""
@@ -129,19 +128,19 @@ def unnormalize(coord, size, align_corners, voxels=False, origin=0.0):
     return ((coord + 1.0) * size - 1.0) * 0.5, size * 0.5
 
 
-@kernel
+@helper
 def cubic_near(x):
     """Cubic convolution weight for |x| <= 1."""
     return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
 
 
-@kernel
+@helper
 def cubic_far(x):
     """Cubic convolution weight for 1 < |x| < 2."""
     return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
 
 
-@kernel
+@helper
 def cubic_weight(step, t):
     """Weight of tap floor - 1 + ``step`` (0..3) at fraction ``t``, as PyTorch evaluates it."""
     if step == 0:
@@ -153,7 +152,7 @@ def cubic_weight(step, t):
     return cubic_far(2.0 - t)
 
 
-@kernel
+@helper
 def cubic_slope(step, t):
     """d weight / d t of :func:`cubic_weight` (PyTorch's gradient coefficient, negated)."""
     a = CUBIC_A
@@ -170,7 +169,7 @@ def cubic_slope(step, t):
     return -((3 * a * x - 10 * a) * x + 8 * a)
 
 
-@kernel
+@helper
 def pad_tap(coord, size, padding, align_corners):
     """Where padding sends integer tap coordinate ``coord`` (PyTorch's compute_coordinates), as an int.
 

@@ -8,8 +8,9 @@ The deterministic mode builds dx as a gather instead (docs/gpu.md): ``bucket_key
 gives every point the key of its lowest corner (one past the end when no tap can land
 inside), a stable sort groups points by key in point order, ``sorted_records_kernel``
 writes each point's record (its source indices and where its grad lies) once in that
-order, and ``dx_gather_kernel`` gives each voxel its sum over the (up to eight) buckets whose cells touch it, in a fixed
-order: taps in PyTorch's order, points ascending within a bucket. Nothing depends on
+order, and ``dx_gather_kernel`` gives each voxel its sum over the (up to eight) buckets
+whose cells touch it, in a fixed order: taps in PyTorch's order, points ascending within
+a bucket. Nothing depends on
 timing, so the result is bitwise the same on every run.
 
 With ``VOXELS`` (the fused warp) every kernel reads a displacement in place of the grid,
@@ -52,7 +53,7 @@ def grid_sampler3d_bwd_kernel(
     ix, iy, iz, mx, my, mz = point_indices(grid_ptr, grid_offset, grid_stride_k, point_mask, depth, height, width, d,
                                            h, w, PADDING, ALIGN_CORNERS, False, VOXELS)
     x_offsets, insides, _ = cell_taps(ix, iy, iz, depth, height, width, x_stride_d, x_stride_h, x_stride_w,
-                                            INTERPOLATION, ACC)
+                                      INTERPOLATION, ACC)
     dx_offsets, _, _ = cell_taps(ix, iy, iz, depth, height, width, dx_stride_d, dx_stride_h, dx_stride_w,
                                  INTERPOLATION, ACC)
     # Per-axis weights of the low and high taps, float64, for dgrid.

@@ -123,23 +123,23 @@ def _patch_tile(x: torch.Tensor, out_sizes, elements: int, num_warps: int | None
 def _tile_candidates(x: torch.Tensor, out_sizes, elements: int) -> list[dict]:
     """The default patch (first) and those the tuner may try: half and twice the points, twice the warps."""
     default = _patch_tile(x, out_sizes, elements)
-    shapes = (default, _patch_tile(x, out_sizes, elements // 2), _patch_tile(x, out_sizes, elements * 2),
-              _patch_tile(x, out_sizes, elements, num_warps=min(8, 2 * default["num_warps"])))
-    return [shape for index, shape in enumerate(shapes) if shape not in shapes[:index]]
+    return [default, _patch_tile(x, out_sizes, elements // 2), _patch_tile(x, out_sizes, elements * 2),
+            _patch_tile(x, out_sizes, elements, num_warps=min(8, 2 * default["num_warps"]))]
 
 
-def _launch_tuned(kernel: str, x: torch.Tensor, candidates: list, launch, tune: bool = True) -> None:
-    """Launch with the candidate shape :mod:`.tuning` chose for (kernel, dtype, layout, channels).
-
-    ``kernel`` names the kernel and its interpolation ("forward bilinear"): their costs differ.
+def _launch_tuned(kernel: str, interpolation, x: torch.Tensor, candidates: list, launch, tune: bool = True) -> None:
+    """Launch with the candidate shape :mod:`.tuning` chose for (kernel, interpolation, dtype, layout,
+    channels, device); ``candidates[0]`` is the default, repeats are timed once.
 
     ``tune`` False (a launch whose results would depend on the shape) launches the default.
     """
     import triton
 
+    candidates = [shape for index, shape in enumerate(candidates) if shape not in candidates[:index]]
     layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
     # The device too: a process may drive GPUs of different kinds.
-    key = (kernel, str(x.dtype).removeprefix("torch."), layout, triton.next_power_of_2(x.shape[1]), str(x.device))
+    key = (f"{kernel} {Interpolation(interpolation).name.lower()}", str(x.dtype).removeprefix("torch."), layout,
+           triton.next_power_of_2(x.shape[1]), str(x.device))
     launch(tuning.TUNER.choose(key, candidates, launch, tune and tuning.enabled(x.device)))
 
 
@@ -261,8 +261,7 @@ class TritonBackend:
 
                 # Each output element is one lane's sum over its taps: no shape changes a result.
                 elements = 128 if _channel_block(x) == 1 else 512
-                _launch_tuned(f"forward {Interpolation(interpolation).name.lower()}", x,
-                              _tile_candidates(x, out_sizes, elements), launch)
+                _launch_tuned("forward", interpolation, x, _tile_candidates(x, out_sizes, elements), launch)
         return y.to(x.dtype)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, deterministic, voxels):
@@ -325,8 +324,7 @@ class TritonBackend:
                     # the lanes of a channel vector (whose order a shape could change): the grid
                     # gradient stays the same in both modes and from run to run.
                     tune = atomic_dx and (not kernel_dfield or candidates[0]["BLOCK_C"] == 1)
-                    _launch_tuned(f"backward {Interpolation(interpolation).name.lower()}", x, candidates, launch,
-                                  tune)
+                    _launch_tuned("backward", interpolation, x, candidates, launch, tune)
             if atomic_dx:
                 dx = dx.to(x.dtype)
             elif want_dx and is_bicubic:
@@ -387,9 +385,7 @@ class TritonBackend:
         # Each (voxel, channel) lane sums its own bucket in order: no shape changes a result.
         warps = 4
         candidates = [(block_v, warps), (max(16, block_v // 2), warps), (2 * block_v, warps), (block_v, 2 * warps)]
-        mode = "nearest" if modes["INTERPOLATION"] == int(Interpolation.NEAREST) else "bilinear"
-        _launch_tuned(f"dx_gather {mode}", x, [shape for index, shape in enumerate(candidates)
-                                       if shape not in candidates[:index]], launch)
+        _launch_tuned("dx_gather", modes["INTERPOLATION"], x, candidates, launch)
         return round_once(dx, x.dtype)
 
     @staticmethod
