@@ -105,15 +105,18 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     shapes = (batch, channels, sizes, out_sizes)
     fused_and_split = [[(parts, True, True, True)],
                        [(row_parts(rows, batch * sizes[0], slabs), False, True, False), (parts, True, False, False)]]
+    # Every coordinate lies within two spans of the volume: no part needs the exact remainder.
+    unresolved = np.full(slabs, -1, np.int64)
     for exact, passes in itertools.product((True, False), fused_and_split):
-        kernel = backward_kernel(*codes, exact)
+        kernel = backward_kernel(*codes, exact, False, False)
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
         dx_flat, dx_strides = engine._flat(dx)
         for work, want_dx, want_dgrid, own_by_plane in passes:
             kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                    dgrid.numpy().reshape(-1), dgrid.stride(), row_first, row_last, work, *shapes, want_dx,
-                   want_dgrid, own_by_plane)
+                   want_dgrid, own_by_plane, unresolved)
+            assert not unresolved.any()
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it
             dgrid.zero_()
@@ -125,8 +128,44 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             torch.testing.assert_close(dgrid, golden_dgrid, rtol=1e-12, atol=1e-12)
     y = torch.full_like(grad, float("nan"))
     (y_flat, y_strides) = engine._flat(y)
-    forward_kernel(*codes)(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, slabs)
+    forward_kernel(*codes, False, False)(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, slabs,
+                                         unresolved)
+    assert not unresolved.any()
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threads):
+    """Reflection past two spans (or infinite) needs libm's remainder: the fast kernel flags it, NaN it handles.
+
+    The engine then runs the exact kernel: results equal PyTorch's bit for bit, at 1 and 2 threads.
+    """
+    grad, x, grid = make_case(2, 3, (5, 4, 6), (3, 4, 5), torch.float64, low=-1.9, high=1.9)
+    codes = (int(gs.Interpolation[mode.upper()]), int(gs.Padding.REFLECTION), False)
+    shapes = (2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
+
+    def flags(grid):
+        y = torch.empty_like(grad)
+        unresolved = np.full(2, -1, np.int64)
+        forward_kernel(*codes, False, False)(*engine._flat(x), *engine._flat(grid), *engine._flat(y), *shapes, 2,
+                                             unresolved)
+        return unresolved.tolist()
+
+    assert flags(grid) == [0, 0]  # within two spans (|coordinate| < 3 here)
+    for value, expected in ((float("nan"), [0, 0]), (7.5, [0, 1]), (-float("inf"), [0, 1])):
+        changed = grid.clone()
+        changed[1, 2, 3, 4, 0] = value  # a point in the second part's rows
+        assert flags(changed) == expected, value
+    grid.view(-1)[::5] *= 4.0
+    grid.view(-1)[1::17] = float("inf")
+    grid.view(-1)[2::19] = float("nan")
+    for count in (1, 2):
+        threads(count)
+        ours = gs.grid_sampler3d_backward(grad, x, grid, mode, "reflection", False, backend="numba")
+        golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
+        assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
+        y = gs.grid_sampler3d(x, grid, mode, "reflection", False, backend="numba")
+        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False))
 
 
 def test_smooth_and_random_grids_are_told_apart():
@@ -196,7 +235,7 @@ def test_hot_loops_stay_vectorised(padding, voxels):
         gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
     codes = (0, int(gs.Padding[padding.upper()]), voxels)
     # The arguments exactly as the engine passes them (the factories cache on them).
-    for kernel in (forward_kernel(*codes, voxels), backward_kernel(*codes, False, voxels)):
+    for kernel in (forward_kernel(*codes, voxels, False), backward_kernel(*codes, False, voxels, False)):
         packed, gathers = _packed_double_ops(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
@@ -207,7 +246,7 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
     """Every mode's kernel shares one compiled copy of each helper (the cold compile budget)."""
     from gridsampler3d.cpu import block, coords
 
-    helpers = (block._trilinear_pass, block._point, coords.source_index, coords.reflect_with_grad)
+    helpers = (block.trilinear_cells, block._point, coords.source_index, coords.reflect_with_grad)
     _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
     grad = torch.ones(1, 1, 2, 2, 2)
 

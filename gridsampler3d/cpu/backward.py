@@ -37,7 +37,8 @@ def zero_planes(dx, dx_strides, first, last, channels, sizes):
 
 
 @functools.cache
-def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True, voxels: bool = False):
+def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True, voxels: bool = False,
+                    exact_remainder: bool = False):
     """The backward kernel of one mode triple (and coordinate source).
 
     ``exact`` keeps PyTorch's association in the grid gradient (float64 bitwise equal to
@@ -46,7 +47,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, own_by_plane)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid``
+    want_dgrid, own_by_plane, unresolved)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid``
     (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With ``voxels`` (the
     fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient (N, 3, Do, Ho,
     Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w, -component) (see
@@ -56,14 +57,16 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     skip rows that miss its planes. With ``own_by_plane`` a part writes the grid gradient
     of the points whose lowest tap plane it owns; otherwise of every point in its rows
     (whose row bounds then need not be set). Nearest kernels compute dx only: their grid
-    gradient is zero. Every element of an output asked for is written.
+    gradient is zero. Every element of an output asked for is written, unless a part sets
+    ``unresolved[part]`` to 1: then the caller runs the kernel built with
+    ``exact_remainder`` instead (see :func:`.forward.forward_kernel`).
     """
     nearest = interpolation == NEAREST
     reach = 1 if nearest else 2
 
     @njit(parallel=True, cache=True, error_model="numpy")
     def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
-               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane):
+               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved):
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -103,9 +106,12 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
             inside = np.empty(BLOCK, np.int64)
             lowest = np.empty(BLOCK, np.int64)
             taps = np.empty(BLOCK, np.int64)
+            unresolved[part] = 0
             if want_dx:
                 zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
             for row in range(row_lo, row_hi):
+                if unresolved[part]:
+                    break
                 n = row // (out_depth * out_height)
                 d = (row // out_height) % out_depth
                 h = row % out_height
@@ -137,15 +143,20 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     grad_at = first_grad + start * grad_strides[4]
                     origin = (float(start), float(h), float(d))
                     if nearest:
-                        nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                      align_corners, False, voxels, origin, dx_spatial, dx_corner, inside, lowest)
+                        if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                         align_corners, False, exact_remainder, voxels, origin, dx_spatial, dx_corner,
+                                         inside, lowest):
+                            unresolved[part] = 1
+                            break
                         slab_taps(count, inside, lowest, z_lo, z_hi, taps)
                         _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
                                          channel_inner, dx_corner, taps)
                         continue
-                    trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                    align_corners, False, voxels, origin, x_spatial, dx_spatial, sides, corner,
-                                    dx_corner, inside, lowest, True, mx, my, mz)
+                    if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                       align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
+                                       sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
+                        unresolved[part] = 1
+                        break
                     if own:
                         masked_offsets(count, corner, inside, x_spatial, offsets)
                         if exact:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .coords import REFLECTION, ROUNDER, ZEROS, source_index
+from .coords import ROUNDER, ZEROS, source_index
 from .jit import helper
 from .tuning import BLOCK
 
@@ -54,16 +54,34 @@ def _side_bits(low, size, low_taps, high_taps):
 
 
 @helper
-def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
+def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
                     origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my,
                     mz):
+    """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
+
+    Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
+    apart in the flat ``grid``. With ``voxels`` they are a displacement in voxels and
+    point i's identity position is (origin[0] + i, origin[1], origin[2]). Fills:
+
+    - ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
+      PyTorch's weights, low = floor + 1 - index, high = index - floor);
+    - ``corner[i]`` and ``other_corner[i]``: the offset of the lowest corner under
+      ``spatial`` and ``other_spatial`` strides (meaningful where a tap is inside);
+    - ``inside[i]``: bit k set when tap k lies in the volume;
+    - ``lowest[i]``: the cell's low depth, clamped to [-2, D];
+    - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
+
+    Returns how many points need reflection's exact remainder (always 0 with ``exact``,
+    or with other paddings): their entries are then not to be used, and the kernel's
+    caller runs the kernel built with ``exact`` (see :func:`.coords.reflect_with_grad`).
+    """
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
         ix, iy, iz, mult_x, mult_y, mult_z, done = _point(grid, first + i * step, component, sizes, padding,
                                                           align_corners, forward, exact, voxels, origin[0] + i,
                                                           origin[1], origin[2])
-        unresolved += not done
+        unresolved += 1 - done
         x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
         sides[i] = x_low + 1.0 - ix
         sides[BLOCK + i] = ix - x_low
@@ -83,43 +101,18 @@ def _trilinear_pass(grid, first, step, component, count, sizes, padding, align_c
 
 
 @helper
-def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, voxels, origin,
-                    spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my, mz):
-    """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
+def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels, origin,
+                  spatial, corner, inside, lowest):
+    """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
 
-    Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
-    apart in the flat ``grid``. With ``voxels`` they are a displacement in voxels and
-    point i's identity position is (origin[0] + i, origin[1], origin[2]). Fills:
-
-    - ``sides[s * BLOCK + i]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
-      PyTorch's weights, low = floor + 1 - index, high = index - floor);
-    - ``corner[i]`` and ``other_corner[i]``: the offset of the lowest corner under
-      ``spatial`` and ``other_spatial`` strides (meaningful where a tap is inside);
-    - ``inside[i]``: bit k set when tap k lies in the volume;
-    - ``lowest[i]``: the cell's low depth, clamped to [-2, D];
-    - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
-
-    Reflection's rare far coordinates (and NaN) make the block run again with the exact
-    remainder.
+    Arguments and result as :func:`trilinear_cells`.
     """
-    unresolved = _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
-                                 voxels, origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest,
-                                 multipliers, mx, my, mz)
-    if padding == REFLECTION and unresolved:
-        _trilinear_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, voxels,
-                        origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx,
-                        my, mz)
-
-
-@helper
-def _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
-                  origin, spatial, corner, inside, lowest):
     depth, height, width = sizes
     unresolved = 0
     for i in range(count):
         ix, iy, iz, _, _, _, done = _point(grid, first + i * step, component, sizes, padding, align_corners, forward,
                                            exact, voxels, origin[0] + i, origin[1], origin[2])
-        unresolved += not done
+        unresolved += 1 - done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
         x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,
                                              (iz + ROUNDER) - ROUNDER, sizes, spatial)
@@ -129,20 +122,6 @@ def _nearest_pass(grid, first, step, component, count, sizes, padding, align_cor
         corner[i] = offset if within else 0
         lowest[i] = z0
     return unresolved
-
-
-@helper
-def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, voxels, origin,
-                  spatial, corner, inside, lowest):
-    """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
-
-    Arguments as :func:`trilinear_cells`.
-    """
-    unresolved = _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, False,
-                               voxels, origin, spatial, corner, inside, lowest)
-    if padding == REFLECTION and unresolved:
-        _nearest_pass(grid, first, step, component, count, sizes, padding, align_corners, forward, True, voxels,
-                      origin, spatial, corner, inside, lowest)
 
 
 @helper

@@ -29,11 +29,13 @@ def reflect_with_grad(index, twice_low, twice_high, exact=True):
 
     With ``exact`` False the remainder is taken without ``fmod`` (a libm call that stops
     a loop from vectorising): exact, by Sterbenz's lemma, for an index within two spans
-    of the low bound, and ``resolved`` is False for any other (and for NaN), to be
-    recomputed with ``exact`` True. Resolved results are bitwise those of the exact rule.
+    of the low bound, and ``resolved`` (1 or 0) is 0 for any other (infinity included),
+    to be recomputed with ``exact`` True. NaN gives NaN either way. Resolved results are
+    bitwise those of the exact rule.
     """
-    if twice_low == twice_high:
-        return 0.0, 0.0, True
+    # A single voxel (align_corners) reflects everything to 0; selected at the end, not
+    # returned early: an early return per axis is a branch that keeps the loop scalar.
+    degenerate = twice_low == twice_high
     low = twice_low * 0.5
     span = (twice_high - twice_low) * 0.5
     shifted = index - low
@@ -42,14 +44,15 @@ def reflect_with_grad(index, twice_low, twice_high, exact=True):
     flips = np.floor(distance / span)
     if exact:
         extra = np.fmod(distance, span)
-        resolved = True
+        resolved = 1
     else:
         extra = distance if distance < span else distance - span
-        resolved = distance < span + span
+        resolved = np.int64(not distance >= span + span)
     # C++ casts the flip count to int: past INT_MAX (or NaN) it is INT_MIN, which is even.
     odd = (flips <= INT_MAX) & (flips - 2.0 * np.floor(flips * 0.5) == 1.0)
     sign = (-1.0 if negative else 1.0) * (-1.0 if odd else 1.0)
-    return (span - extra + low) if odd else (extra + low), sign, resolved
+    index = (span - extra + low) if odd else (extra + low)
+    return (0.0 if degenerate else index), (0.0 if degenerate else sign), resolved | np.int64(degenerate)
 
 
 @helper
@@ -76,8 +79,8 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, voxel
     With ``voxels`` (the fused warp) ``coord`` is a displacement in voxels from ``origin``:
     the index is ``origin + coord`` and its slope 1, before padding.
 
-    Returns (index, multiplier, resolved); ``resolved`` is False only where ``exact`` is
-    False and reflection needs the exact remainder (see :func:`reflect_with_grad`).
+    Returns (index, multiplier, resolved); ``resolved`` is 0 only where ``exact`` is
+    False and reflection needs the exact remainder (see :func:`reflect_with_grad`), else 1.
     ``forward`` selects PyTorch's forward treatment of a NaN under border/reflection
     padding (clipped to ``size - 1``); the backward lets it fall out of range. Written
     without data-dependent branches, so that loops over points vectorise.
@@ -91,7 +94,7 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, voxel
     else:
         index = ((coord + 1.0) * size - 1.0) * 0.5
         multiplier = size * 0.5
-    resolved = True
+    resolved = 1
     if padding == REFLECTION:
         if align_corners:
             index, sign, resolved = reflect_with_grad(index, 0, 2 * (size - 1), exact)

@@ -43,6 +43,24 @@ def _threads() -> int:
     return pool.threads()
 
 
+def _launch(build, launches, parts: int) -> None:
+    """Run ``build(False)(*arguments, unresolved)`` for each launch in turn, ``unresolved`` one flag per part.
+
+    If a launch flags a part (a reflection coordinate beyond the fast kernel's exact range,
+    see :func:`.forward.forward_kernel`), every launch runs again with ``build(True)``,
+    the kernel that takes libm's remainder, compiled only when first needed.
+    """
+    unresolved = np.zeros(parts, np.int64)
+    for exact_remainder in (False, True):
+        kernel = build(exact_remainder)
+        for arguments in launches:
+            kernel(*arguments, unresolved)
+            if unresolved.any():
+                break
+        else:
+            return
+
+
 class NumbaBackend:
     """Parallel Numba kernels for CPU tensors (see ``gridsampler3d.cpu``)."""
 
@@ -99,8 +117,9 @@ class NumbaBackend:
             bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
                                align_corners, voxels)
         else:
-            kernel = forward_kernel(int(interpolation), int(padding), bool(align_corners), voxels)
-            kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)
+            mode = (int(interpolation), int(padding), bool(align_corners), voxels)
+            _launch(lambda exact_remainder: forward_kernel(*mode, exact_remainder),
+                    [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)], threads)
         return round_once(y, dtype).contiguous(memory_format=layout)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
@@ -143,7 +162,11 @@ class NumbaBackend:
         # does only for a finite grad (0 * inf where no tap is inside, inf - inf where terms
         # of both signs meet); PyTorch's own terms serve float64 and any non-finite grad.
         exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad).all()))
-        kernel = backward_kernel(int(interpolation), int(padding), bool(align_corners), exact, voxels)
+        mode = (int(interpolation), int(padding), bool(align_corners), exact, voxels)
+
+        def kernel(exact_remainder):
+            return backward_kernel(*mode, exact_remainder)
+
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                     dgrid_flat, dgrid_strides)
@@ -151,8 +174,8 @@ class NumbaBackend:
         if not want_dx:
             if want_dgrid:
                 unused = np.empty(0, np.int64)
-                kernel(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
-                       False)
+                _launch(kernel, [(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes,
+                                  False, True, False)], threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         codes = (int(interpolation), int(padding), bool(align_corners), voxels)
@@ -168,10 +191,11 @@ class NumbaBackend:
         else:
             slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
         fused = want_dgrid and is_coherent(row_jumps, out_sizes[2], row_step)
+        launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)]
         if want_dgrid and not fused:
-            kernel(*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes, False, True,
-                   False)
-        kernel(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)
+            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes,
+                                False, True, False))
+        _launch(kernel, launches, threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod

@@ -22,15 +22,24 @@ from .tuning import BLOCK, VECTOR_CHANNELS
 
 
 @functools.cache
-def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels: bool = False):
+def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels: bool = False,
+                   exact_remainder: bool = False):
     """The forward kernel of one mode triple (and coordinate source).
 
-    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts)``
+    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved)``
     fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho,
     Wo, 3); ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo), strides in elements in the
     logical order of each shape, ``parts`` the number of row ranges run in parallel. Every
     element of ``y`` is written; each sum runs over the taps in PyTorch's order in float64
     and is rounded once into ``y``.
+
+    Reflection takes its remainder without libm, which is exact within two spans of the
+    volume. A part that meets a coordinate farther out (or infinite) sets
+    ``unresolved[part]`` to 1 and leaves its rows unfinished: the caller then runs the
+    kernel built with ``exact_remainder``, which takes libm's remainder everywhere (its
+    loops do not vectorise) and never sets the flag. (The exact pass is a kernel of its
+    own because, inlined beside the fast pass as a rare re-run, it left the fast pass
+    several times slower.)
 
     With ``voxels`` (the fused warp) ``grid`` is instead a displacement (N, 3, Do, Ho, Wo)
     as (dz, dy, dx) in voxels, whose ``grid_strides`` are given as (n, d, h, w, -component):
@@ -39,7 +48,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     nearest = interpolation == NEAREST
 
     @njit(parallel=True, cache=True, error_model="numpy")
-    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts):
+    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved):
         rows = batch * out_sizes[0] * out_sizes[1]
         out_depth, out_height, out_width = out_sizes
         spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -55,7 +64,10 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
             inside = np.empty(BLOCK, np.int64)
             lowest = np.empty(BLOCK, np.int64)
             totals = np.empty(channels)
+            unresolved[part] = 0
             for row in range(part * rows // parts, (part + 1) * rows // parts):
+                if unresolved[part]:
+                    break
                 n = row // (out_depth * out_height)
                 d = (row // out_height) % out_depth
                 h = row % out_height
@@ -70,8 +82,11 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                     out = first_out + start * y_strides[4]
                     origin = (float(start), float(h), float(d))
                     if nearest:
-                        nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                      align_corners, True, voxels, origin, spatial, corner, inside, lowest)
+                        if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                         align_corners, True, exact_remainder, voxels, origin, spatial, corner, inside,
+                                         lowest):
+                            unresolved[part] = 1
+                            break
                         for c in range(channels):
                             source = x_batch + c * x_strides[1]
                             target = out + c * y_strides[1]
@@ -79,9 +94,12 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                                 value = x[source + corner[i]]
                                 y[target + i * y_strides[4]] = value if inside[i] else 0
                         continue
-                    trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                    align_corners, True, voxels, origin, spatial, spatial, sides, corner, unused,
-                                    inside, lowest, False, no_multipliers, no_multipliers, no_multipliers)
+                    if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                       align_corners, True, exact_remainder, voxels, origin, spatial, spatial, sides,
+                                       corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
+                                       no_multipliers):
+                        unresolved[part] = 1
+                        break
                     masked_offsets(count, corner, inside, spatial, offsets)
                     for i in range(count):
                         for tap in range(8):

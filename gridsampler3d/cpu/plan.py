@@ -36,7 +36,7 @@ def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corn
     for i in range(count):
         iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact, voxels,
                                    origin)
-        unresolved += not done
+        unresolved += 1 - done
         low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
     return unresolved
