@@ -27,14 +27,15 @@ _MONOTONIC_LIMIT = 2.0**20
 
 
 @helper
-def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, exact, voxels, origin, lowest):
+def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, voxels, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
-    Returns how many points need the exact reflection remainder (see coords.reflect_with_grad).
+    Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
+    which is not taken here: their entries are not to be used.
     """
     unresolved = 0
     for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, exact, voxels,
+        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, False, voxels,
                                    origin)
         unresolved += 1 - done
         low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
@@ -44,8 +45,11 @@ def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corn
 
 @helper
 def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin):
-    """The lowest depth of the taps of one point whose z grid value (or displacement) is ``value``."""
-    iz, _, _ = source_index(value, depth, padding, align_corners, False, True, voxels, origin)
+    """The lowest depth of the taps of one point whose z grid value (or displacement) is ``value``.
+
+    For zeros and border padding, where the remainder of reflection plays no part.
+    """
+    iz, _, _ = source_index(value, depth, padding, align_corners, False, False, voxels, origin)
     low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
     return np.int64(min(max(low, -2.0), float(depth)))
 
@@ -60,7 +64,10 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
     more than one) have one int64 entry per row. Every ``row_step``-th row is visited
     point by point; with ``every_row`` the others get their range too, and for zeros and
     border padding (where the lowest depth grows with the z value) from the least and
-    greatest z value alone, a plain scan. Rows not visited are left as they are.
+    greatest z value alone, a plain scan. Rows not visited are left as they are. A row
+    with a reflection past two spans of the volume gets every plane as its range (-2 to
+    D) and counts as jumping: libm's exact remainder is not taken here (its code beside
+    the vectorised loop slows that loop), and a wider range only makes fewer rows skipped.
     With ``voxels`` the grid is a displacement, strides as for the kernels
     (:func:`.forward.forward_kernel`): its dz component comes first.
     """
@@ -101,9 +108,11 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
             for start in range(0, out_width, BLOCK):
                 count = min(BLOCK, out_width - start)
                 if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                                  nearest, padding, align_corners, False, voxels, float(d), lowest):
-                    _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                                   nearest, padding, align_corners, True, voxels, float(d), lowest)
+                                  nearest, padding, align_corners, voxels, float(d), lowest):
+                    least = min(least, -2)
+                    most = max(most, sizes[0])
+                    jumps += count
+                    continue
                 for i in range(count):
                     least = min(least, lowest[i])
                     most = max(most, lowest[i])
