@@ -294,8 +294,12 @@ def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_ste
         if taps[i]:
             target = dx_batch + dx_corner[i]
             source = grad_at + i * grad_step
+            # Views, so that the channel index is provably non-negative: a flat index might
+            # wrap around (negative indexing) and keeps the loop scalar (docs/cpu.md).
+            voxel = dx[target:target + channels]
+            values = grad[source:source + channels]
             for c in range(channels):
-                dx[target + c] += grad[source + c]
+                voxel[c] += values[c]
 
 
 @helper
@@ -333,9 +337,11 @@ def _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad
         if bits == 0:
             continue
         source = grad_at + i * grad_step
+        values = grad[source:source + channels]  # views: see _scatter_nearest_channels_inner
         for tap in range(8):
             if (bits >> tap) & 1:
                 weight = weights[tap * BLOCK + i]
                 target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
+                voxel = dx[target:target + channels]
                 for c in range(channels):
-                    dx[target + c] += weight * grad[source + c]
+                    voxel[c] += weight * values[c]

@@ -132,8 +132,11 @@ def _channels_inner(count, x, x_batch, y, out, y_step, channels, weights, offset
             if (inside[i] >> tap) & 1:
                 weight = weights[tap * BLOCK + i]
                 source = x_batch + offsets[tap * BLOCK + i]
+                # A view, so that the channel index is provably non-negative: a flat index
+                # might wrap around (negative indexing), which keeps the loop scalar.
+                values = x[source:source + channels]
                 for c in range(channels):
-                    totals[c] += x[source + c] * weight
+                    totals[c] += values[c] * weight
         target = out + i * y_step
         for c in range(channels):
             y[target + c] = totals[c]
