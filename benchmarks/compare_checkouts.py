@@ -1,0 +1,77 @@
+"""Time this checkout's CPU engine against another checkout's, in one process, in alternating pairs.
+
+    git worktree add /tmp/before HEAD~1
+    python benchmarks/compare_checkouts.py /tmp/before --cases near64,fp64 --threads 1 --stage backward
+
+On a shared, noisy machine, separate runs of ``gridsampler3d bench`` can differ by more
+than a kernel change does. Here both versions load into one process (the other checkout's
+package under another name) and each timed call of one is followed by the same call of the
+other, so that a disturbance hits both; the line per case gives each version's median and
+the median of the per-pair ratios (this checkout / the other). Both compile into the Numba
+cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers changed.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import gridsampler3d
+from gridsampler3d.bench.suite import build_inputs, select_cases
+
+
+def _load_other(checkout: Path):
+    """The ``gridsampler3d`` package of another checkout, imported as ``gridsampler3d_other``."""
+    package = checkout / "gridsampler3d"
+    spec = importlib.util.spec_from_file_location("gridsampler3d_other", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gridsampler3d_other"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("other", type=Path, help="root of the other checkout (holding its gridsampler3d/)")
+    parser.add_argument("--cases", default="reg128,feat48", help="comma-separated SPEC section 8 case names")
+    parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
+    parser.add_argument("--stage", choices=["forward", "backward"], default="backward")
+    parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
+    args = parser.parse_args()
+    other = _load_other(args.other.resolve())
+    torch.set_num_threads(args.threads)
+    print(f"this checkout: {Path(gridsampler3d.__file__).parent.parent}; other: {args.other}; "
+          f"{args.threads} thread(s), {args.stage}, {args.pairs} pairs")
+    for case in select_cases(args.cases.split(",")):
+        (_, x, grid), (grad, x_ncdhw) = build_inputs(case)
+        attributes = (case.mode, case.padding, case.align_corners)
+
+        def run(library):
+            if args.stage == "forward":
+                return library.grid_sampler3d(x_ncdhw, grid, *attributes, backend="numba")
+            return library.grid_sampler3d_backward(grad, x_ncdhw, grid, *attributes, backend="numba")
+
+        for library in (other, gridsampler3d, other, gridsampler3d):  # compile, then warm
+            run(library)
+        theirs, ours, ratios = [], [], []
+        for _ in range(args.pairs):
+            start = time.perf_counter()
+            run(other)
+            middle = time.perf_counter()
+            run(gridsampler3d)
+            end = time.perf_counter()
+            theirs.append(middle - start)
+            ours.append(end - middle)
+            ratios.append((end - middle) / (middle - start))
+        print(f"{case.name:8s} other {statistics.median(theirs) * 1e3:7.1f} ms  this {statistics.median(ours) * 1e3:7.1f}"
+              f" ms  this / other (median of pairs) {statistics.median(ratios):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
