@@ -69,8 +69,9 @@ def main() -> None:
             theirs.append(middle - start)
             ours.append(end - middle)
             ratios.append((end - middle) / (middle - start))
-        print(f"{case.name:8s} other {statistics.median(theirs) * 1e3:7.1f} ms  this {statistics.median(ours) * 1e3:7.1f}"
-              f" ms  this / other (median of pairs) {statistics.median(ratios):.3f}", flush=True)
+        print(f"{case.name:8s} other {statistics.median(theirs) * 1e3:7.1f} ms  "
+              f"this {statistics.median(ours) * 1e3:7.1f} ms  "
+              f"this / other (median of pairs) {statistics.median(ratios):.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -47,11 +47,11 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, own_by_plane, unresolved)`` fills ``dx`` (N, C, D, H, W) if ``want_dx`` and ``dgrid``
-    (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With ``voxels`` (the
-    fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient (N, 3, Do, Ho,
-    Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w, -component) (see
-    :func:`.forward.forward_kernel`). ``parts`` (P, 4) gives each parallel part its dx planes
+    want_dgrid, own_by_plane, unresolved)`` fills ``dx`` (N, C, D, H, W) if ``want_dx``
+    and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
+    ``voxels`` (the fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient
+    (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
+    -component) (see :func:`.forward.forward_kernel`). ``parts`` (P, 4) gives each parallel part its dx planes
     [first, end) (plane = n * D + z) and rows [first, end) (row = n * Do * Ho + d * Ho + h);
     ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
     skip rows that miss its planes. With ``own_by_plane`` a part writes the grid gradient

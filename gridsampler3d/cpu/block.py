@@ -72,8 +72,9 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
     - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
 
     Returns how many points need reflection's exact remainder (always 0 with ``exact``,
-    or with other paddings): their entries are then not to be used, and the kernel's
-    caller runs the kernel built with ``exact`` (see :func:`.coords.reflect_with_grad`).
+    or with other paddings; see :func:`.coords.reflect_with_grad`): their entries are then
+    not to be used, and the engine runs the kernel built with ``exact_remainder``
+    (:func:`.forward.forward_kernel`).
     """
     depth, height, width = sizes
     unresolved = 0
