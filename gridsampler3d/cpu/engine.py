@@ -161,7 +161,9 @@ class NumbaBackend:
         # The separable grid gradient (float32 and half) places NaN and infinity as PyTorch
         # does only for a finite grad (0 * inf where no tap is inside, inf - inf where terms
         # of both signs meet); PyTorch's own terms serve float64 and any non-finite grad.
-        exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad).all()))
+        # A non-finite element makes the sum non-finite; a sum that overflows from finite
+        # elements only picks PyTorch's terms needlessly (still exact), and costs no mask.
+        exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad.sum())))
         mode = (int(interpolation), int(padding), bool(align_corners), exact, voxels)
 
         def kernel(exact_remainder):
