@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit, prange
 
 from ..layout import memory_format_of
-from ..rounding import round_once
+from .. import rounding
 from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
@@ -36,6 +37,37 @@ def _flat(tensor: torch.Tensor):
 
 def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.double()
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _round_to_odd(values, single, bits):
+    """single[i]: float64 values[i] rounded to float32 toward zero, last bit set where anything was cut off.
+
+    One parallel pass of :func:`gridsampler3d.rounding.round_once`'s arithmetic (``bits`` is
+    ``single`` viewed as int32).
+    """
+    for i in prange(values.size):
+        value = values[i]
+        single[i] = np.float32(value)  # to nearest
+        back = np.float64(single[i])
+        bits[i] = (bits[i] - np.int32(abs(back) > abs(value))) | np.int32(back != value)
+
+
+def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one parallel pass on dense tensors.
+
+    Its torch form makes about ten passes with temporaries: in the bfloat16 case of the
+    suite it cost nearly as much as the kernels.
+    """
+    if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
+        return rounding.round_once(values, dtype)
+    single = torch.empty_like(values, dtype=torch.float32)
+    flat_values, _ = _flat(values)
+    if single.stride() != values.stride() or flat_values.size != values.numel():  # not dense: gaps or overlaps
+        return rounding.round_once(values, dtype)
+    flat_single, _ = _flat(single)
+    _round_to_odd(flat_values, flat_single, flat_single.view(np.int32))
+    return single.to(dtype)
 
 
 def _threads() -> int:
