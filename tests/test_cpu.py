@@ -168,6 +168,28 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
         assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
+    """engine.round_once (one Numba pass) gives rounding.round_once's bits, values and layout, dense or not."""
+    from gridsampler3d.rounding import round_once as reference_round_once
+
+    generator = torch.Generator().manual_seed(3)
+    values = torch.randn(2, 3, 5, 6, 7, generator=generator, dtype=torch.float64)
+    values *= torch.logspace(-45, 40, values.numel(), dtype=torch.float64).reshape(values.shape)
+    values.view(-1)[::17] = float("nan")
+    values.view(-1)[5::23] = float("inf")
+    values.view(-1)[7::29] = -1e300
+    values.view(-1)[9::31] = 0.0
+    # ties of both half types, just above them, and subnormals of float32
+    edges = torch.tensor([1 + 2**-8, 1 + 2**-8 + 2**-40, 1 + 2**-11, 1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-45),
+                          2**-140, 2**-149 * 1.5, -(2**-24) * 1.5], dtype=torch.float64)
+    for tensor in (values, values.contiguous(memory_format=torch.channels_last_3d), values[:, :, ::2],
+                   values.permute(0, 2, 3, 4, 1), edges):
+        ours, reference = engine.round_once(tensor, dtype), reference_round_once(tensor, dtype)
+        assert ours.dtype == dtype and ours.stride() == reference.stride()
+        assert torch.equal(ours.view(torch.int16), reference.view(torch.int16))
+
+
 def test_smooth_and_random_grids_are_told_apart():
     """A smooth grid fuses dx and dgrid in one pass; a random one takes a pass each."""
     codes = (0, 0, False)
