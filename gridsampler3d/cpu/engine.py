@@ -12,7 +12,7 @@ import torch
 from numba import njit, prange
 
 from ..layout import memory_format_of
-from .. import rounding
+from ..rounding import round_once as _round_once_reference
 from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
@@ -60,11 +60,11 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     suite it cost nearly as much as the kernels.
     """
     if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
-        return rounding.round_once(values, dtype)
+        return _round_once_reference(values, dtype)
     single = torch.empty_like(values, dtype=torch.float32)
     flat_values, _ = _flat(values)
     if single.stride() != values.stride() or flat_values.size != values.numel():  # not dense: gaps or overlaps
-        return rounding.round_once(values, dtype)
+        return _round_once_reference(values, dtype)
     flat_single, _ = _flat(single)
     _round_to_odd(flat_values, flat_single, flat_single.view(np.int32))
     return single.to(dtype)
