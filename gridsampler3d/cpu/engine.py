@@ -7,6 +7,8 @@ once; float32 computes in float64 and stores in float32; float64 is exact throug
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -149,8 +151,7 @@ class NumbaBackend:
             bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
                                align_corners, voxels)
         else:
-            mode = (int(interpolation), int(padding), bool(align_corners), voxels)
-            _launch(lambda exact_remainder: forward_kernel(*mode, exact_remainder),
+            _launch(functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels),
                     [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)], threads)
         return round_once(y, dtype).contiguous(memory_format=layout)
 
@@ -196,10 +197,8 @@ class NumbaBackend:
         # A non-finite element makes the sum non-finite; a sum that overflows from finite
         # elements only picks PyTorch's terms needlessly (still exact), and costs no mask.
         exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad.sum())))
-        mode = (int(interpolation), int(padding), bool(align_corners), exact, voxels)
-
-        def kernel(exact_remainder):
-            return backward_kernel(*mode, exact_remainder)
+        codes = (int(interpolation), int(padding), bool(align_corners), voxels)
+        kernel = functools.partial(backward_kernel, *codes[:3], exact, voxels)  # kernel(exact_remainder)
 
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
@@ -212,7 +211,6 @@ class NumbaBackend:
                                   False, True, False)], threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        codes = (int(interpolation), int(padding), bool(align_corners), voxels)
         # Sampled rows judge whether the grid is smooth; one thread owns every plane and
         # skips no row, so it needs no more, while several need every row's depth range.
         row_step = max(1, rows // _SAMPLED_ROWS)
