@@ -14,6 +14,7 @@ from gridsampler3d import precision
 from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
+from gridsampler3d.cpu.jit import part_kernel
 from gridsampler3d.cpu.plan import depth_ranges, is_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
@@ -230,7 +231,7 @@ def _packed_double_ops(kernel) -> tuple[int, int]:
     Compiled anew from the Python function without the disk cache, whose code cannot be
     inspected.
     """
-    fresh = numba.njit(parallel=True, error_model="numpy")(kernel.py_func)
+    fresh = part_kernel(kernel.py_func, cache=False)
     # The float32 build (other tests may have compiled float64 ones of the same kernel first)
     signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
     fresh.compile(signature)

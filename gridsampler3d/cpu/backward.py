@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, slab_taps, tap_delta, tap_weight, trilinear_cells
 from .coords import NEAREST, ZEROS
-from .jit import helper, outlined_helper
+from .jit import Parallel, call_part, helper, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 ALL_TAPS = 255
@@ -47,7 +47,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, own_by_plane, unresolved)`` fills ``dx`` (N, C, D, H, W) if ``want_dx``
+    want_dgrid, own_by_plane, unresolved, part)`` computes part ``part`` of the pass (returned
+    with :func:`run_backward` as one parallel kernel, :class:`.jit.Parallel`, called without
+    ``part``): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
     and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
     ``voxels`` (the fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient
     (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
@@ -64,9 +66,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     nearest = interpolation == NEAREST
     reach = 1 if nearest else 2
 
-    @njit(parallel=True, cache=True, error_model="numpy")
+    @part_kernel
     def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
-               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved):
+               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, part):
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -83,110 +85,121 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         dgrid_shift = -2 * dgrid_strides[4] if voxels else 0
         dgrid_step = dgrid_strides[3]
         dgrid_component = dgrid_strides[4]
-        # Each scratch array gets its own statement inside the parallel body: a tuple
-        # unpacking or a view of an array would make Numba's alias analysis see aliases and
-        # drop the loop body's noalias arguments, and the block loops would not vectorise.
-        for part in prange(parts.shape[0]):
-            plane_lo = parts[part, 0]
-            plane_hi = parts[part, 1]
-            row_lo = parts[part, 2]
-            row_hi = parts[part, 3]
-            sides = np.empty(6 * BLOCK)
-            weights = np.empty(8 * BLOCK)
-            pairs = np.empty(12 * BLOCK)
-            offsets = np.empty(8 * BLOCK, np.int64)
-            mx = np.empty(BLOCK)
-            my = np.empty(BLOCK)
-            mz = np.empty(BLOCK)
-            grad_x = np.empty(BLOCK)
-            grad_y = np.empty(BLOCK)
-            grad_z = np.empty(BLOCK)
-            corner = np.empty(BLOCK, np.int64)
-            dx_corner = np.empty(BLOCK, np.int64)
-            inside = np.empty(BLOCK, np.int64)
-            lowest = np.empty(BLOCK, np.int64)
-            taps = np.empty(BLOCK, np.int64)
-            unresolved[part] = 0
-            if want_dx:
-                zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
-            for row in range(row_lo, row_hi):
-                if unresolved[part]:
-                    break
-                n = row // (out_depth * out_height)
-                d = (row // out_height) % out_depth
-                h = row % out_height
-                z_lo = max(plane_lo - n * depth, 0)
-                z_hi = min(plane_hi - n * depth, depth)
-                if z_lo >= z_hi:
-                    continue
-                # Flags in the parallel body are ints: Numba's alias analysis counts copies
-                # of booleans as aliases, which would cost the body its noalias arguments.
-                do_dx = 0
-                own = 1 if want_dgrid and not own_by_plane else 0
-                if want_dx or own_by_plane:
-                    first_z = row_first[row]
-                    last_z = row_last[row]
-                    if want_dx and last_z + reach > z_lo and first_z < z_hi:
-                        do_dx = 1
-                    if own_by_plane and want_dgrid and min(max(last_z, 0), depth - 1) >= z_lo \
-                            and min(max(first_z, 0), depth - 1) < z_hi:
-                        own = 1
-                if do_dx + own == 0:
-                    continue
-                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + grid_shift
-                first_dgrid = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + dgrid_shift
-                first_grad = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3]
-                x_batch, dx_batch = n * x_strides[0], n * dx_strides[0]
-                for start in range(0, out_width, BLOCK):
-                    count = min(BLOCK, out_width - start)
-                    first = first_point + start * grid_strides[3]
-                    grad_at = first_grad + start * grad_strides[4]
-                    origin = (float(start), float(h), float(d))
-                    if nearest:
-                        if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                         align_corners, False, exact_remainder, voxels, origin, dx_spatial, dx_corner,
-                                         inside, lowest):
-                            unresolved[part] = 1
-                            break
-                        slab_taps(count, inside, lowest, z_lo, z_hi, taps)
-                        _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
-                                         channel_inner, dx_corner, taps)
-                        continue
-                    if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                       align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
-                                       sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
+        plane_lo = parts[part, 0]
+        plane_hi = parts[part, 1]
+        row_lo = parts[part, 2]
+        row_hi = parts[part, 3]
+        sides = np.empty(6 * BLOCK)
+        weights = np.empty(8 * BLOCK)
+        pairs = np.empty(12 * BLOCK)
+        offsets = np.empty(8 * BLOCK, np.int64)
+        mx = np.empty(BLOCK)
+        my = np.empty(BLOCK)
+        mz = np.empty(BLOCK)
+        grad_x = np.empty(BLOCK)
+        grad_y = np.empty(BLOCK)
+        grad_z = np.empty(BLOCK)
+        corner = np.empty(BLOCK, np.int64)
+        dx_corner = np.empty(BLOCK, np.int64)
+        inside = np.empty(BLOCK, np.int64)
+        lowest = np.empty(BLOCK, np.int64)
+        taps = np.empty(BLOCK, np.int64)
+        unresolved[part] = 0
+        if want_dx:
+            zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
+        for row in range(row_lo, row_hi):
+            if unresolved[part]:
+                break
+            n = row // (out_depth * out_height)
+            d = (row // out_height) % out_depth
+            h = row % out_height
+            z_lo = max(plane_lo - n * depth, 0)
+            z_hi = min(plane_hi - n * depth, depth)
+            if z_lo >= z_hi:
+                continue
+            # Flags as ints, so that ``do_dx + own`` below counts them.
+            do_dx = 0
+            own = 1 if want_dgrid and not own_by_plane else 0
+            if want_dx or own_by_plane:
+                first_z = row_first[row]
+                last_z = row_last[row]
+                if want_dx and last_z + reach > z_lo and first_z < z_hi:
+                    do_dx = 1
+                if own_by_plane and want_dgrid and min(max(last_z, 0), depth - 1) >= z_lo \
+                        and min(max(first_z, 0), depth - 1) < z_hi:
+                    own = 1
+            if do_dx + own == 0:
+                continue
+            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + grid_shift
+            first_dgrid = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + dgrid_shift
+            first_grad = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3]
+            x_batch, dx_batch = n * x_strides[0], n * dx_strides[0]
+            for start in range(0, out_width, BLOCK):
+                count = min(BLOCK, out_width - start)
+                first = first_point + start * grid_strides[3]
+                grad_at = first_grad + start * grad_strides[4]
+                origin = (float(start), float(h), float(d))
+                if nearest:
+                    if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                     align_corners, False, exact_remainder, voxels, origin, dx_spatial, dx_corner,
+                                     inside, lowest):
                         unresolved[part] = 1
                         break
-                    if own:
-                        masked_offsets(count, corner, inside, x_spatial, offsets)
-                        if exact:
-                            _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
-                                           sides, inside, offsets, grad_x, grad_y, grad_z)
-                        else:
-                            _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
-                                                     channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
-                        p = first_dgrid + start * dgrid_step
-                        for i in range(count):
-                            owner = min(max(lowest[i], 0), depth - 1)
-                            if not own_by_plane or (owner >= z_lo and owner < z_hi):
-                                at = p + i * dgrid_step
-                                if padding == ZEROS:
-                                    dgrid[at] = slope_x * grad_x[i]
-                                    dgrid[at + dgrid_component] = slope_y * grad_y[i]
-                                    dgrid[at + 2 * dgrid_component] = slope_z * grad_z[i]
-                                else:
-                                    dgrid[at] = mx[i] * grad_x[i]
-                                    dgrid[at + dgrid_component] = my[i] * grad_y[i]
-                                    dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
-                    if do_dx:
-                        slab_taps(count, inside, lowest, z_lo, z_hi, taps)
-                        for i in range(count):
-                            for tap in range(8):
-                                weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
-                        _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
-                                 channel_inner, weights, dx_corner, taps)
+                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
+                    _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
+                                     channel_inner, dx_corner, taps)
+                    continue
+                if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                   align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
+                                   sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
+                    unresolved[part] = 1
+                    break
+                if own:
+                    masked_offsets(count, corner, inside, x_spatial, offsets)
+                    if exact:
+                        _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
+                                       sides, inside, offsets, grad_x, grad_y, grad_z)
+                    else:
+                        _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
+                                                 channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
+                    p = first_dgrid + start * dgrid_step
+                    for i in range(count):
+                        owner = min(max(lowest[i], 0), depth - 1)
+                        if not own_by_plane or (owner >= z_lo and owner < z_hi):
+                            at = p + i * dgrid_step
+                            if padding == ZEROS:
+                                dgrid[at] = slope_x * grad_x[i]
+                                dgrid[at + dgrid_component] = slope_y * grad_y[i]
+                                dgrid[at + 2 * dgrid_component] = slope_z * grad_z[i]
+                            else:
+                                dgrid[at] = mx[i] * grad_x[i]
+                                dgrid[at + dgrid_component] = my[i] * grad_y[i]
+                                dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
+                if do_dx:
+                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
+                    for i in range(count):
+                        for tap in range(8):
+                            weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                    _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
+                             channel_inner, weights, dx_corner, taps)
 
-    return kernel
+    return Parallel(kernel, run_backward)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def run_backward(address, grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides,
+                 row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane,
+                 unresolved):
+    """Run every part (a row of ``parts``) of the backward kernel at ``address`` in parallel; how many failed.
+
+    ``address`` is the part kernel's, compiled for these operands (:func:`.jit.address_of`).
+    """
+    failures = 0
+    for part in prange(parts.shape[0]):
+        failures += call_part(address, (grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
+                                        dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes,
+                                        want_dx, want_dgrid, own_by_plane, unresolved), part)
+    return failures
 
 
 @helper

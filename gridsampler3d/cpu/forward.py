@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, tap_weight, trilinear_cells
 from .coords import NEAREST
-from .jit import outlined_helper
+from .jit import Parallel, call_part, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -26,12 +26,13 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                    exact_remainder: bool = False):
     """The forward kernel of one mode triple (and coordinate source).
 
-    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved)``
-    fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho,
-    Wo, 3); ``sizes`` = (D, H, W), ``out_sizes`` = (Do, Ho, Wo), strides in elements in the
-    logical order of each shape, ``parts`` the number of row ranges run in parallel. Every
-    element of ``y`` is written; each sum runs over the taps in PyTorch's order in float64
-    and is rounded once into ``y``.
+    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
+    part)`` fills part ``part`` of ``parts`` equal row ranges of ``y`` (N, C, Do, Ho, Wo) from
+    ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3); ``sizes`` = (D, H, W),
+    ``out_sizes`` = (Do, Ho, Wo), strides in elements in the logical order of each shape.
+    Returned with :func:`run_forward` as one parallel kernel (:class:`.jit.Parallel`), called
+    without ``part``. Every element of ``y`` is written; each sum runs over the taps in
+    PyTorch's order in float64 and is rounded once into ``y``.
 
     Reflection takes its remainder without libm, which is exact within two spans of the
     volume. A part that meets a coordinate farther out (or infinite) sets
@@ -47,78 +48,91 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     """
     nearest = interpolation == NEAREST
 
-    @njit(parallel=True, cache=True, error_model="numpy")
-    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved):
+    @part_kernel
+    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
+               part):
         rows = batch * out_sizes[0] * out_sizes[1]
         out_depth, out_height, out_width = out_sizes
         spatial = (x_strides[2], x_strides[3], x_strides[4])
         channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
-        # One statement per scratch array inside the parallel body (see backward_kernel).
-        for part in prange(parts):
-            sides = np.empty(6 * BLOCK)
-            weights = np.empty(8 * BLOCK)
-            no_multipliers = np.empty(0)  # the forward needs none
-            offsets = np.empty(8 * BLOCK, np.int64)
-            corner = np.empty(BLOCK, np.int64)
-            unused = np.empty(BLOCK, np.int64)
-            inside = np.empty(BLOCK, np.int64)
-            lowest = np.empty(BLOCK, np.int64)
-            totals = np.empty(channels)
-            unresolved[part] = 0
-            for row in range(part * rows // parts, (part + 1) * rows // parts):
-                if unresolved[part]:
-                    break
-                n = row // (out_depth * out_height)
-                d = (row // out_height) % out_depth
-                h = row % out_height
-                first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
-                if voxels:
-                    first_point -= 2 * grid_strides[4]
-                first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
-                x_batch = n * x_strides[0]
-                for start in range(0, out_width, BLOCK):
-                    count = min(BLOCK, out_width - start)
-                    first = first_point + start * grid_strides[3]
-                    out = first_out + start * y_strides[4]
-                    origin = (float(start), float(h), float(d))
-                    if nearest:
-                        if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                         align_corners, True, exact_remainder, voxels, origin, spatial, corner, inside,
-                                         lowest):
-                            unresolved[part] = 1
-                            break
-                        for c in range(channels):
-                            source = x_batch + c * x_strides[1]
-                            target = out + c * y_strides[1]
-                            for i in range(count):
-                                value = x[source + corner[i]]
-                                y[target + i * y_strides[4]] = value if inside[i] else 0
-                        continue
-                    if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                       align_corners, True, exact_remainder, voxels, origin, spatial, spatial, sides,
-                                       corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
-                                       no_multipliers):
+        sides = np.empty(6 * BLOCK)
+        weights = np.empty(8 * BLOCK)
+        no_multipliers = np.empty(0)  # the forward needs none
+        offsets = np.empty(8 * BLOCK, np.int64)
+        corner = np.empty(BLOCK, np.int64)
+        unused = np.empty(BLOCK, np.int64)
+        inside = np.empty(BLOCK, np.int64)
+        lowest = np.empty(BLOCK, np.int64)
+        totals = np.empty(channels)
+        unresolved[part] = 0
+        for row in range(part * rows // parts, (part + 1) * rows // parts):
+            if unresolved[part]:
+                break
+            n = row // (out_depth * out_height)
+            d = (row // out_height) % out_depth
+            h = row % out_height
+            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+            if voxels:
+                first_point -= 2 * grid_strides[4]
+            first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
+            x_batch = n * x_strides[0]
+            for start in range(0, out_width, BLOCK):
+                count = min(BLOCK, out_width - start)
+                first = first_point + start * grid_strides[3]
+                out = first_out + start * y_strides[4]
+                origin = (float(start), float(h), float(d))
+                if nearest:
+                    if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                     align_corners, True, exact_remainder, voxels, origin, spatial, corner, inside,
+                                     lowest):
                         unresolved[part] = 1
                         break
-                    masked_offsets(count, corner, inside, spatial, offsets)
-                    for i in range(count):
-                        for tap in range(8):
-                            weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
-                    if channel_inner:
-                        _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
-                                        totals)
-                        continue
                     for c in range(channels):
                         source = x_batch + c * x_strides[1]
                         target = out + c * y_strides[1]
                         for i in range(count):
-                            total = 0.0
-                            for tap in range(8):
-                                term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
-                                total += term if (inside[i] >> tap) & 1 else 0.0
-                            y[target + i * y_strides[4]] = total
+                            value = x[source + corner[i]]
+                            y[target + i * y_strides[4]] = value if inside[i] else 0
+                    continue
+                if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                   align_corners, True, exact_remainder, voxels, origin, spatial, spatial, sides,
+                                   corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
+                                   no_multipliers):
+                    unresolved[part] = 1
+                    break
+                masked_offsets(count, corner, inside, spatial, offsets)
+                for i in range(count):
+                    for tap in range(8):
+                        weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                if channel_inner:
+                    _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
+                                    totals)
+                    continue
+                for c in range(channels):
+                    source = x_batch + c * x_strides[1]
+                    target = out + c * y_strides[1]
+                    for i in range(count):
+                        total = 0.0
+                        for tap in range(8):
+                            term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
+                            total += term if (inside[i] >> tap) & 1 else 0.0
+                        y[target + i * y_strides[4]] = total
 
-    return kernel
+    return Parallel(kernel, run_forward)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def run_forward(address, x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts,
+                unresolved):
+    """Run the parts 0 .. ``parts`` - 1 of the forward kernel at ``address`` in parallel; how many failed.
+
+    ``address`` is the part kernel's, compiled for these operands (:func:`.jit.address_of`).
+    """
+    failures = 0
+    for part in prange(parts):
+        failures += call_part(address, (x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes,
+                                        out_sizes, parts, unresolved), part)
+    return failures
 
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from .coords import NEAREST, REFLECTION, ROUNDER, source_index
-from .jit import helper
+from .jit import Parallel, call_part, helper, part_kernel
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -54,9 +54,18 @@ def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin)
     return np.int64(min(max(low, -2.0), float(depth)))
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-                 row_step, every_row, row_first, row_last, row_jumps):
+@helper
+def _visits(batch, out_sizes, row_step, every_row):
+    """(rows visited, their stride, chunks of them run in parallel) of :data:`depth_ranges`."""
+    rows = batch * out_sizes[0] * out_sizes[1]
+    stride = 1 if every_row else row_step
+    visited = (rows + stride - 1) // stride
+    return visited, stride, min(visited, 64)
+
+
+@part_kernel
+def _depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
+                  row_step, every_row, row_first, row_last, row_jumps, chunk):
     """Per row r: the least and greatest lowest-tap depth of its points; every ``row_step``-th row, its jumps.
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
@@ -72,55 +81,68 @@ def depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pad
     (:func:`.forward.forward_kernel`): its dz component comes first.
     """
     out_depth, out_height, out_width = out_sizes
-    rows = batch * out_depth * out_height
     nearest = interpolation == NEAREST
-    stride = 1 if every_row else row_step
-    visited = (rows + stride - 1) // stride
-    chunks = min(visited, 64)
-    for chunk in prange(chunks):
-        lowest = np.empty(BLOCK, np.int64)
-        for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
-            row = visit * stride
-            n = row // (out_depth * out_height)
-            d = (row // out_height) % out_depth
-            h = row % out_height
-            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
-            if not voxels:
-                first_point += 2 * grid_strides[4]
-            if row % row_step != 0 and padding != REFLECTION:
-                # The range from the extreme z values, unless one is NaN, infinite or huge
-                # (where the index rules stop being monotonic): then point by point below.
-                smallest, largest = np.inf, -np.inf
-                usable = 1
-                for i in range(out_width):
-                    value = float(grid[first_point + i * grid_strides[3]])
-                    usable &= abs(value) < _MONOTONIC_LIMIT
-                    smallest = value if value < smallest else smallest
-                    largest = value if value > largest else largest
-                if usable:
-                    row_first[row] = _lowest_depth(smallest, sizes[0], nearest, padding, align_corners, voxels,
-                                                   float(d))
-                    row_last[row] = _lowest_depth(largest, sizes[0], nearest, padding, align_corners, voxels,
-                                                  float(d))
-                    continue
-            least, most = np.int64(2**62), -np.int64(2**62)
-            jumps = 0
-            for start in range(0, out_width, BLOCK):
-                count = min(BLOCK, out_width - start)
-                if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                                  nearest, padding, align_corners, voxels, float(d), lowest):
-                    least = min(least, -2)
-                    most = max(most, sizes[0])
-                    jumps += count
-                    continue
-                for i in range(count):
-                    least = min(least, lowest[i])
-                    most = max(most, lowest[i])
-                for i in range(1, count):
-                    jumps += abs(lowest[i] - lowest[i - 1]) > 1
-            row_first[row] = least
-            row_last[row] = most
-            row_jumps[row] = jumps
+    visited, stride, chunks = _visits(batch, out_sizes, row_step, every_row)
+    lowest = np.empty(BLOCK, np.int64)
+    for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
+        row = visit * stride
+        n = row // (out_depth * out_height)
+        d = (row // out_height) % out_depth
+        h = row % out_height
+        first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+        if not voxels:
+            first_point += 2 * grid_strides[4]
+        if row % row_step != 0 and padding != REFLECTION:
+            # The range from the extreme z values, unless one is NaN, infinite or huge
+            # (where the index rules stop being monotonic): then point by point below.
+            smallest, largest = np.inf, -np.inf
+            usable = 1
+            for i in range(out_width):
+                value = float(grid[first_point + i * grid_strides[3]])
+                usable &= abs(value) < _MONOTONIC_LIMIT
+                smallest = value if value < smallest else smallest
+                largest = value if value > largest else largest
+            if usable:
+                row_first[row] = _lowest_depth(smallest, sizes[0], nearest, padding, align_corners, voxels,
+                                               float(d))
+                row_last[row] = _lowest_depth(largest, sizes[0], nearest, padding, align_corners, voxels,
+                                              float(d))
+                continue
+        least, most = np.int64(2**62), -np.int64(2**62)
+        jumps = 0
+        for start in range(0, out_width, BLOCK):
+            count = min(BLOCK, out_width - start)
+            if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
+                              nearest, padding, align_corners, voxels, float(d), lowest):
+                least = min(least, -2)
+                most = max(most, sizes[0])
+                jumps += count
+                continue
+            for i in range(count):
+                least = min(least, lowest[i])
+                most = max(most, lowest[i])
+            for i in range(1, count):
+                jumps += abs(lowest[i] - lowest[i - 1]) > 1
+        row_first[row] = least
+        row_last[row] = most
+        row_jumps[row] = jumps
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _run_depth_ranges(address, grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners,
+                      voxels, row_step, every_row, row_first, row_last, row_jumps):
+    """Run every chunk of rows of :func:`_depth_ranges` (compiled at ``address``) in parallel; how many failed."""
+    failures = 0
+    for chunk in prange(_visits(batch, out_sizes, row_step, every_row)[2]):
+        failures += call_part(address, (grid, grid_strides, batch, sizes, out_sizes, interpolation, padding,
+                                        align_corners, voxels, row_step, every_row, row_first, row_last, row_jumps),
+                              chunk)
+    return failures
+
+
+#: ``depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
+#: row_step, every_row, row_first, row_last, row_jumps)``: :func:`_depth_ranges` over every chunk of rows.
+depth_ranges = Parallel(_depth_ranges, _run_depth_ranges)
 
 
 def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:
