@@ -26,7 +26,8 @@ import torch
 import gridsampler3d as gs
 from gridsampler3d.bench.suite import build_inputs, select_cases
 from gridsampler3d.cpu.backward import backward_kernel
-from gridsampler3d.cpu.engine import _flat, _threads
+from gridsampler3d.cpu import pool
+from gridsampler3d.cpu.engine import _flat
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.plan import depth_ranges, plan_slabs, row_parts
 
@@ -46,7 +47,7 @@ def phases(case, repeats: int) -> dict[str, float]:
     (_, _, grid), (grad, x) = build_inputs(case)
     if x.dtype not in (torch.float32, torch.float64):  # the engine widens half types to float64 once
         grad, x, grid = grad.double(), x.double(), grid.double()
-    threads = _threads()
+    threads = pool.threads()
     codes = (int(gs.Interpolation[case.mode.upper()]), int(gs.Padding[case.padding.upper()]), case.align_corners)
     batch, channels = x.shape[:2]
     sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
@@ -55,7 +56,8 @@ def phases(case, repeats: int) -> dict[str, float]:
     grid_flat, grid_strides = _flat(grid)
     row_step = max(1, rows // 256)  # as the engine samples
     times = {"plan": _median_ms(lambda: depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False,
-                                                     row_step, True, row_first, row_last, row_jumps), repeats)}
+                                                     row_step, True, row_first, row_last, row_jumps, threads),
+                                  repeats)}
     reach = 1 if case.mode == "nearest" else 2
     slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, threads)
     rows_only = row_parts(rows, batch * sizes[0], threads)

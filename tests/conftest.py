@@ -11,6 +11,12 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
 import pytest  # noqa: E402
 
 import gridsampler3d as gs  # noqa: E402
+from gridsampler3d.cpu import tuning  # noqa: E402
+
+# The CPU engine runs a small call as one part; the tests' volumes are small, and are to
+# exercise the split into parts that a large call takes (test_cpu checks the default).
+DEFAULT_PARALLEL_VALUES = tuning.PARALLEL_VALUES
+tuning.PARALLEL_VALUES = 0
 
 CPU_BACKENDS = [name for name in gs.available_backends()
                 if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(

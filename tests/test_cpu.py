@@ -70,6 +70,33 @@ def test_results_do_not_depend_on_thread_count(dtype, grid_spread, threads):
         assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
+    """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, one part per thread."""
+    from conftest import DEFAULT_PARALLEL_VALUES
+    from gridsampler3d.cpu import pool, tuning
+
+    grad, x, grid = make_case(1, 2, (9, 8, 7), (6, 7, 8), torch.float32)
+    threads(2)
+    split = (gs.grid_sampler3d(x, grid, backend="numba"), *gs.grid_sampler3d_backward(grad, x, grid, backend="numba"))
+    parts = []
+    run_parts = pool.run_parts
+
+    def counted(kernel, operands, count):
+        parts.append(count)
+        run_parts(kernel, operands, count)
+
+    monkeypatch.setattr(pool, "run_parts", counted)
+    monkeypatch.setattr(tuning, "PARALLEL_VALUES", DEFAULT_PARALLEL_VALUES)
+    assert grad.numel() < DEFAULT_PARALLEL_VALUES
+    whole = (gs.grid_sampler3d(x, grid, backend="numba"), *gs.grid_sampler3d_backward(grad, x, grid, backend="numba"))
+    assert parts and set(parts) == {1}, parts
+    assert all(torch.equal(a, b) for a, b in zip(split, whole))
+    monkeypatch.setattr(tuning, "PARALLEL_VALUES", grad.numel())
+    parts.clear()
+    gs.grid_sampler3d(x, grid, backend="numba")
+    assert parts == [2]
+
+
 def _flat_inputs(grad, x, grid):
     return engine._flat(grad), engine._flat(x), engine._flat(grid)
 
@@ -90,13 +117,13 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     rows = batch * out_sizes[0] * out_sizes[1]
     row_first, row_last, row_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
     depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 1, True, row_first, row_last,
-                 row_jumps)
+                 row_jumps, slabs)
     assert (row_first != -7).all() and (row_last >= row_first).all() and (row_jumps >= 0).all()
     # Rows between the sampled ones take their range from their extreme z values (zeros,
     # border): the same range as point by point.
     scanned_first, scanned_last, sampled_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
     depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 3, True, scanned_first,
-                 scanned_last, sampled_jumps)
+                 scanned_last, sampled_jumps, 2)
     assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
     assert np.array_equal(sampled_jumps[::3], row_jumps[::3])
     reach = 1 if mode == "nearest" else 2
@@ -199,7 +226,7 @@ def test_smooth_and_random_grids_are_told_apart():
         rows = 32 * 32
         row_first, row_last, row_jumps = (np.zeros(rows, np.int64) for _ in range(3))
         depth_ranges(*engine._flat(grid), 1, (32, 32, 32), (32, 32, 32), *codes, False, 1, False, row_first,
-                     row_last, row_jumps)
+                     row_last, row_jumps, 1)
         verdicts.append(is_coherent(row_jumps, 32, 1))
     assert verdicts == [True, False]
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, slab_taps, tap_delta, tap_weight, trilinear_cells
 from .coords import NEAREST, ZEROS
-from .jit import Parallel, call_part, helper, outlined_helper, part_kernel
+from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 ALL_TAPS = 255
@@ -48,8 +47,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
     want_dgrid, own_by_plane, unresolved, part)`` computes part ``part`` of the pass (returned
-    with :func:`run_backward` as one parallel kernel, :class:`.jit.Parallel`, called without
-    ``part``): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
+    as one parallel kernel, :class:`.jit.Parallel`, called without ``part``, which runs
+    every part at once): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
     and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
     ``voxels`` (the fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient
     (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
@@ -67,8 +66,18 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     reach = 1 if nearest else 2
 
     @part_kernel
-    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
-               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, part):
+    def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
+               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts_operand, batch, channels, sizes,
+               out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, part):
+        grad = borrowed(grad_operand)
+        x = borrowed(x_operand)
+        grid = borrowed(grid_operand)
+        dx = borrowed(dx_operand)
+        dgrid = borrowed(dgrid_operand)
+        row_first = borrowed(row_first_operand)
+        row_last = borrowed(row_last_operand)
+        parts = borrowed(parts_operand)
+        unresolved = borrowed(unresolved_operand)
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -183,23 +192,12 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
 
-    return Parallel(kernel, run_backward)
+    return Parallel(kernel, _part_count)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def run_backward(address, grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides,
-                 row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane,
-                 unresolved):
-    """Run every part (a row of ``parts``) of the backward kernel at ``address`` in parallel; how many failed.
-
-    ``address`` is the part kernel's, compiled for these operands (:func:`.jit.address_of`).
-    """
-    failures = 0
-    for part in prange(parts.shape[0]):
-        failures += call_part(address, (grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
-                                        dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes,
-                                        want_dx, want_dgrid, own_by_plane, unresolved), part)
-    return failures
+def _part_count(*operands) -> int:
+    """How many parts a backward launch has: the rows of its ``parts`` operand."""
+    return operands[12].shape[0]
 
 
 @helper

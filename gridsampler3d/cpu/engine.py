@@ -19,7 +19,7 @@ from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
-from . import pool
+from . import pool, tuning
 from .plan import depth_ranges, is_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
@@ -72,9 +72,14 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return single.to(dtype)
 
 
-def _threads() -> int:
-    """Follow torch's thread setting, within what Numba was started with."""
-    return pool.threads()
+def _threads(values: int) -> int:
+    """Follow torch's thread setting, within what Numba was started with; one thread for a small call.
+
+    ``values`` is the number of output points times channels. The kernels' results do
+    not depend on how many parts run them.
+    """
+    threads = pool.threads()
+    return threads if values >= tuning.PARALLEL_VALUES else 1
 
 
 def _launch(build, launches, parts: int) -> None:
@@ -143,7 +148,7 @@ class NumbaBackend:
         batch, channels = x.shape[:2]
         grid_flat, grid_strides, out_sizes = self._field(field, voxels)
         y = torch.empty((batch, channels) + out_sizes, dtype=x.dtype, memory_format=layout)
-        threads = _threads()
+        threads = _threads(y.numel())
         x_flat, x_strides = _flat(x)
         y_flat, y_strides = _flat(y)
         shapes = (batch, channels, tuple(x.shape[2:]), out_sizes)
@@ -162,7 +167,7 @@ class NumbaBackend:
         batch, channels = x.shape[:2]
         grid_flat, grid_strides, out_sizes = self._field(field, voxels)
         sizes = tuple(x.shape[2:])
-        threads = _threads()
+        threads = _threads(grad.numel())
         grad_flat, grad_strides = _flat(grad)
         x_flat, x_strides = _flat(x)
         # The grid gradient comes out laid out like its grid: contiguous, or like the displacement.
@@ -215,7 +220,7 @@ class NumbaBackend:
         # skips no row, so it needs no more, while several need every row's depth range.
         row_step = max(1, rows // _SAMPLED_ROWS)
         depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, threads > 1, row_first,
-                     row_last, row_jumps)
+                     row_last, row_jumps, threads)
         reach = 1 if interpolation == Interpolation.NEAREST else 2
         if threads > 1:
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,

@@ -13,11 +13,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit, prange
 
 from .block import masked_offsets, nearest_cells, tap_weight, trilinear_cells
 from .coords import NEAREST
-from .jit import Parallel, call_part, outlined_helper, part_kernel
+from .jit import Parallel, borrowed, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -30,8 +29,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     part)`` fills part ``part`` of ``parts`` equal row ranges of ``y`` (N, C, Do, Ho, Wo) from
     ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3); ``sizes`` = (D, H, W),
     ``out_sizes`` = (Do, Ho, Wo), strides in elements in the logical order of each shape.
-    Returned with :func:`run_forward` as one parallel kernel (:class:`.jit.Parallel`), called
-    without ``part``. Every element of ``y`` is written; each sum runs over the taps in
+    Returned as one parallel kernel (:class:`.jit.Parallel`), called without ``part``, which
+    runs the ``parts`` parts at once. Every element of ``y`` is written; each sum runs over the taps in
     PyTorch's order in float64 and is rounded once into ``y``.
 
     Reflection takes its remainder without libm, which is exact within two spans of the
@@ -49,8 +48,12 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     nearest = interpolation == NEAREST
 
     @part_kernel
-    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
-               part):
+    def kernel(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
+               out_sizes, parts, unresolved_operand, part):
+        x = borrowed(x_operand)
+        grid = borrowed(grid_operand)
+        y = borrowed(y_operand)
+        unresolved = borrowed(unresolved_operand)
         rows = batch * out_sizes[0] * out_sizes[1]
         out_depth, out_height, out_width = out_sizes
         spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -118,21 +121,12 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                             total += term if (inside[i] >> tap) & 1 else 0.0
                         y[target + i * y_strides[4]] = total
 
-    return Parallel(kernel, run_forward)
+    return Parallel(kernel, _part_count)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def run_forward(address, x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts,
-                unresolved):
-    """Run the parts 0 .. ``parts`` - 1 of the forward kernel at ``address`` in parallel; how many failed.
-
-    ``address`` is the part kernel's, compiled for these operands (:func:`.jit.address_of`).
-    """
-    failures = 0
-    for part in prange(parts):
-        failures += call_part(address, (x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes,
-                                        out_sizes, parts, unresolved), part)
-    return failures
+def _part_count(*operands) -> int:
+    """How many parts a forward launch has: its ``parts`` operand."""
+    return operands[10]
 
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer

@@ -7,24 +7,25 @@ dozen times across the modes of one process. Helpers declared here see plain typ
 (``int64``, ``bool``) instead, so each compiles once per dtype; LLVM then inlines it into
 the kernel, where the constants fold and each kernel keeps only its own mode's code.
 
-Kernels are declared here too (:func:`part_kernel`): each computes one part of a pass, as
-a plain serial function, and a small parallel launcher per kernel family runs the parts
-(:func:`call_part`). A ``prange`` loop around the whole kernel body made Numba type that
-body twice (once for the kernel, once for the outlined parallel body) and analyse it for
-parallelism, about half of a kernel's compile time; a launcher that called the kernel
-directly had its callee linked in and optimised by LLVM a second time, so the launchers
-call it by address.
+Kernels are declared here too (:func:`part_kernel`): each computes one part of a pass (a
+thread's rows or slab) as a plain serial function, and :class:`Parallel` runs the parts
+on the engine's threads (:func:`.pool.run_parts`). A ``prange`` loop around the kernel
+body made Numba type that body twice (once for the kernel, once for the outlined parallel
+body) and analyse it for parallelism, which cost about half of each kernel's compile
+time; a small ``prange`` launcher calling the serial kernel still cost about 0.5 s of
+compile per kernel family.
 """
 from __future__ import annotations
 
-from numba import typeof, types
-from numba._dispatcher import compute_fingerprint
+from numba import types
 from numba.core import cgutils
 from numba.core.dispatcher import _FunctionCompiler
 from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
-__all__ = ["Parallel", "address_of", "call_part", "helper", "outlined_helper", "part_kernel"]
+from . import pool
+
+__all__ = ["Parallel", "borrowed", "helper", "outlined_helper", "part_kernel"]
 
 _OPTIONS = {"nopython": True, "error_model": "numpy", "nogil": True, "boundscheck": None}
 
@@ -70,7 +71,8 @@ class _NoAliasCompiler(_FunctionCompiler):
 def part_kernel(func, cache: bool = True):
     """Declare ``func(*operands, part)``: part ``part`` of a pass, compiled serially with ``noalias``, cached on disk.
 
-    :class:`Parallel` pairs it with the launcher that runs its parts.
+    It releases the GIL while it runs, so that :class:`Parallel` can run its parts on
+    several Python threads at once. Its array operands are to go through :func:`borrowed`.
     """
     dispatcher = CPUDispatcher(py_func=func, locals={}, targetoptions=dict(_OPTIONS))
     dispatcher._compiler = _NoAliasCompiler(func, dispatcher.targetdescr, dispatcher.targetoptions, {},
@@ -81,16 +83,15 @@ def part_kernel(func, cache: bool = True):
 
 
 class Parallel:
-    """A part kernel and its launcher, called as one parallel kernel: ``kernel(*operands)``.
+    """A part kernel called as one parallel kernel: ``kernel(*operands)`` runs ``part(*operands, p)`` for every part p.
 
-    The launcher, ``launcher(address, *operands)``, runs every part of ``part``
-    (:func:`part_kernel`, compiled for the operands' types) in parallel through
-    :func:`call_part`, and returns how many parts failed.
+    ``count(*operands)`` says how many parts there are; :func:`.pool.run_parts` runs them
+    on the engine's threads and returns when all are done.
     """
 
-    def __init__(self, part, launcher):
+    def __init__(self, part, count):
         self.part = part
-        self.launcher = launcher
+        self.count = count
         self.py_func = part.py_func
 
     @property
@@ -98,56 +99,27 @@ class Parallel:
         return self.part.signatures
 
     def __call__(self, *operands):
-        if self.launcher(address_of(self.part, operands), *operands):
-            raise MemoryError("a CPU kernel could not allocate its scratch memory")
-
-
-_ADDRESSES: dict = {}
-
-
-def address_of(kernel, operands) -> int:
-    """The native address of ``kernel`` compiled for ``(*operands, part)`` (compiled, or loaded from the cache, once).
-
-    Looked up by the operands' fingerprints, which Numba's own dispatcher computes in C to
-    pick a compiled version: ``numba.typeof`` of every operand on every call cost more
-    than a small kernel runs.
-    """
-    key = (kernel, tuple(map(compute_fingerprint, operands)))
-    address = _ADDRESSES.get(key)
-    if address is None:
-        signature = tuple(typeof(value) for value in operands) + (types.int64,)
-        kernel.compile(signature)
-        result = kernel.overloads[signature]
-        if result.signature.return_type != types.none:  # call_part's calling convention
-            raise TypeError(f"a part kernel returns nothing, not {result.signature.return_type}")
-        address = _ADDRESSES[key] = result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
-    return address
+        pool.run_parts(self.part, operands, self.count(*operands))
 
 
 @intrinsic
-def call_part(typingctx, address, operands, part):
-    """Call the part kernel at ``address`` (from :func:`address_of`) as ``kernel(*operands, part)``.
+def borrowed(typingctx, array):
+    """The same array without its reference to the memory manager: for the operands of a part kernel.
 
-    Returns 1 if the kernel returned an error (a failed allocation), else 0. A call by
-    address, not by name, so that LLVM neither links nor re-optimises the kernel here.
+    An array that a kernel receives from Python carries its NumPy owner's reference
+    count, and every view of it or call of an outlined helper with it counts a reference
+    up and down, atomically: the channels-last forward, which calls a helper per block,
+    ran 1.5 to 1.8 times slower, and its two threads contended for the one counter. The
+    caller keeps the array alive for the whole call, so no count is needed (the
+    outlined body of a ``prange`` loop receives its arrays this way too).
     """
-    if not isinstance(address, types.Integer) or not isinstance(operands, types.BaseTuple):
+    if not isinstance(array, types.Array):
         return None
-    argument_types = tuple(operands) + (types.int64,)
 
-    def codegen(context, builder, signature, values):
-        call_conv = context.call_conv
-        function_type = call_conv.get_function_type(types.none, argument_types)
-        callee = builder.inttoptr(values[0], function_type.as_pointer())
-        items = [builder.extract_value(values[1], i) for i in range(len(operands))]
-        items.append(context.cast(builder, values[2], part, types.int64))
-        # Numba's calling convention: a slot for the result, one for an exception, the operands.
-        result_type = call_conv.get_return_type(types.none).pointee
-        result = cgutils.alloca_once_value(builder, cgutils.get_null_value(result_type))
-        exception = cgutils.alloca_once(builder, function_type.args[1].pointee)
-        packed = list(call_conv._get_arg_packer(argument_types).as_arguments(builder, items))
-        code = builder.call(callee, [result, exception] + packed)
-        status = call_conv._get_return_status(builder, code, builder.load(exception))
-        return builder.zext(status.is_error, context.get_value_type(types.int64))
+    def codegen(context, builder, signature, arguments):
+        view = cgutils.create_struct_proxy(array)(context, builder, value=arguments[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
 
-    return types.int64(address, operands, part), codegen
+    return array(array), codegen

@@ -15,10 +15,9 @@ Extra memory: two int64 per output row and one per (n, z) plane.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
 
 from .coords import NEAREST, REFLECTION, ROUNDER, source_index
-from .jit import Parallel, call_part, helper, part_kernel
+from .jit import Parallel, borrowed, helper, part_kernel
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -54,18 +53,9 @@ def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin)
     return np.int64(min(max(low, -2.0), float(depth)))
 
 
-@helper
-def _visits(batch, out_sizes, row_step, every_row):
-    """(rows visited, their stride, chunks of them run in parallel) of :data:`depth_ranges`."""
-    rows = batch * out_sizes[0] * out_sizes[1]
-    stride = 1 if every_row else row_step
-    visited = (rows + stride - 1) // stride
-    return visited, stride, min(visited, 64)
-
-
 @part_kernel
-def _depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-                  row_step, every_row, row_first, row_last, row_jumps, chunk):
+def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
+                  row_step, every_row, row_first_operand, row_last_operand, row_jumps_operand, parts, part):
     """Per row r: the least and greatest lowest-tap depth of its points; every ``row_step``-th row, its jumps.
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
@@ -78,13 +68,19 @@ def _depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pa
     D) and counts as jumping: libm's exact remainder is not taken here (its code beside
     the vectorised loop slows that loop), and a wider range only makes fewer rows skipped.
     With ``voxels`` the grid is a displacement, strides as for the kernels
-    (:func:`.forward.forward_kernel`): its dz component comes first.
+    (:func:`.forward.forward_kernel`): its dz component comes first. This is part ``part``
+    of ``parts``, equal runs of the visited rows.
     """
+    grid = borrowed(grid_operand)
+    row_first = borrowed(row_first_operand)
+    row_last = borrowed(row_last_operand)
+    row_jumps = borrowed(row_jumps_operand)
     out_depth, out_height, out_width = out_sizes
     nearest = interpolation == NEAREST
-    visited, stride, chunks = _visits(batch, out_sizes, row_step, every_row)
+    stride = 1 if every_row else row_step
+    visited = (batch * out_sizes[0] * out_sizes[1] + stride - 1) // stride
     lowest = np.empty(BLOCK, np.int64)
-    for visit in range(chunk * visited // chunks, (chunk + 1) * visited // chunks):
+    for visit in range(part * visited // parts, (part + 1) * visited // parts):
         row = visit * stride
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
@@ -128,21 +124,15 @@ def _depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, pa
         row_jumps[row] = jumps
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _run_depth_ranges(address, grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners,
-                      voxels, row_step, every_row, row_first, row_last, row_jumps):
-    """Run every chunk of rows of :func:`_depth_ranges` (compiled at ``address``) in parallel; how many failed."""
-    failures = 0
-    for chunk in prange(_visits(batch, out_sizes, row_step, every_row)[2]):
-        failures += call_part(address, (grid, grid_strides, batch, sizes, out_sizes, interpolation, padding,
-                                        align_corners, voxels, row_step, every_row, row_first, row_last, row_jumps),
-                              chunk)
-    return failures
+def _part_count(*operands) -> int:
+    """How many parts a row-range launch has: its ``parts`` operand."""
+    return operands[14]
 
 
 #: ``depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-#: row_step, every_row, row_first, row_last, row_jumps)``: :func:`_depth_ranges` over every chunk of rows.
-depth_ranges = Parallel(_depth_ranges, _run_depth_ranges)
+#: row_step, every_row, row_first, row_last, row_jumps, parts)``: :func:`_depth_ranges` with its visited rows in
+#: ``parts`` equal runs, run at once.
+depth_ranges = Parallel(_depth_ranges, _part_count)
 
 
 def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:

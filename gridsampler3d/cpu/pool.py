@@ -16,6 +16,7 @@ launches :func:`exclusive` then takes one at a time. docs/cpu.md has the measure
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 import importlib.metadata
@@ -26,7 +27,7 @@ import threading
 import numba
 import torch
 
-__all__ = ["exclusive", "layer", "threads"]
+__all__ = ["exclusive", "layer", "run_parts", "threads"]
 
 _TBB_LIBRARY = {"win32": "tbb12.dll", "darwin": "libtbb.12.dylib"}.get(sys.platform, "libtbb.so.12")
 _DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
@@ -73,10 +74,49 @@ def layer() -> str | None:
 _launch_lock = threading.Lock()
 
 
-def _fresh_lock_in_child() -> None:
-    # A fork taken while another thread held the lock would leave it held forever here.
-    global _launch_lock
+# The threads that run the parts of the trilinear and nearest kernels (created on first need).
+_workers: concurrent.futures.ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def _fresh_state_in_child() -> None:
+    # A fork taken while another thread held a lock would leave it held forever here, and
+    # the parent's worker threads do not exist in the child.
+    global _launch_lock, _workers, _workers_lock
     _launch_lock = threading.Lock()
+    _workers = None
+    _workers_lock = threading.Lock()
+
+
+def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _workers
+    with _workers_lock:
+        if _workers is None:
+            # As many as Numba may run (threads() never asks for more); idle ones cost nothing.
+            _workers = concurrent.futures.ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                                                             thread_name_prefix="gridsampler3d")
+        return _workers
+
+
+def run_parts(kernel, operands, parts: int) -> None:
+    """Run ``kernel(*operands, part)`` for every part 0 .. ``parts`` - 1 at once; return when all are done.
+
+    ``kernel`` releases the GIL (a part kernel, :func:`.jit.part_kernel`). Part 0 runs on
+    the calling thread, the others on the engine's worker threads. Which thread runs a
+    part never changes a result: the parts write disjoint elements. An error in any part
+    is raised here once every part has finished.
+    """
+    if parts <= 1:
+        if parts == 1:
+            kernel(*operands, 0)
+        return
+    others = [_worker_pool().submit(kernel, *operands, part) for part in range(1, parts)]
+    try:
+        kernel(*operands, 0)
+    finally:
+        concurrent.futures.wait(others)
+    for other in others:
+        other.result()
 
 
 def exclusive(method):
@@ -112,4 +152,4 @@ def threads() -> int:
 _load_tbb()
 _prefer_fork_safe_layer()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+    os.register_at_fork(after_in_child=_fresh_state_in_child)
