@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
         source = f"built-in default case: {args.size}³ phantom, smooth random warp, MSE gradient"
 
     print("computing dx and dgrid (a first run compiles the CPU kernels once and caches them on disk: "
-          "about ten seconds)", file=sys.stderr, flush=True)
+          "under ten seconds)", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         dx, dgrid = api.grid_sampler3d_backward(
