@@ -1,4 +1,9 @@
-"""Numba's thread pool for the CPU engine: a layer that survives fork and serves many threads.
+"""The CPU engine's threads: its own workers for the part kernels, and a Numba layer that survives fork.
+
+The trilinear and nearest kernels are part kernels (:func:`.jit.part_kernel`):
+:func:`run_parts` runs their parts on the calling thread and on worker threads of this
+module, which a forked child recreates. The bicubic kernels and the rounding pass are
+``prange`` kernels on Numba's threading layer.
 
 Numba picks its threading layer once per process, at the first parallel launch by anyone,
 and each layer has a catch:
