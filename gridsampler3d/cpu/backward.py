@@ -67,7 +67,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     @part_kernel
     def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
-               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts_operand, batch, channels, sizes,
+               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
                out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, part):
         grad = borrowed(grad_operand)
         x = borrowed(x_operand)
@@ -76,7 +76,6 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         dgrid = borrowed(dgrid_operand)
         row_first = borrowed(row_first_operand)
         row_last = borrowed(row_last_operand)
-        parts = borrowed(parts_operand)
         unresolved = borrowed(unresolved_operand)
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
@@ -192,12 +191,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
 
-    return Parallel(kernel, _part_count)
-
-
-def _part_count(*operands) -> int:
-    """How many parts a backward launch has: the rows of its ``parts`` operand."""
-    return operands[12].shape[0]
+    return Parallel(kernel)
 
 
 @helper

@@ -121,12 +121,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                             total += term if (inside[i] >> tap) & 1 else 0.0
                         y[target + i * y_strides[4]] = total
 
-    return Parallel(kernel, _part_count)
-
-
-def _part_count(*operands) -> int:
-    """How many parts a forward launch has: its ``parts`` operand."""
-    return operands[10]
+    return Parallel(kernel)
 
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer

@@ -17,6 +17,8 @@ compile per kernel family.
 """
 from __future__ import annotations
 
+import inspect
+
 from numba import types
 from numba.core import cgutils
 from numba.core.dispatcher import _FunctionCompiler
@@ -85,21 +87,23 @@ def part_kernel(func, cache: bool = True):
 class Parallel:
     """A part kernel called as one parallel kernel: ``kernel(*operands)`` runs ``part(*operands, p)`` for every part p.
 
-    ``count(*operands)`` says how many parts there are; :func:`.pool.run_parts` runs them
-    on the engine's threads and returns when all are done.
+    The operand named ``parts`` gives the part count: a number, or an array with one row
+    per part. :func:`.pool.run_parts` runs the parts on the engine's threads and returns
+    when all are done.
     """
 
-    def __init__(self, part, count):
+    def __init__(self, part):
         self.part = part
-        self.count = count
         self.py_func = part.py_func
+        self._parts_at = list(inspect.signature(part.py_func).parameters).index("parts")
 
     @property
     def signatures(self):
         return self.part.signatures
 
     def __call__(self, *operands):
-        pool.run_parts(self.part, operands, self.count(*operands))
+        parts = operands[self._parts_at]
+        pool.run_parts(self.part, operands, len(parts) if hasattr(parts, "__len__") else int(parts))
 
 
 @intrinsic

@@ -124,15 +124,10 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
         row_jumps[row] = jumps
 
 
-def _part_count(*operands) -> int:
-    """How many parts a row-range launch has: its ``parts`` operand."""
-    return operands[14]
-
-
 #: ``depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
 #: row_step, every_row, row_first, row_last, row_jumps, parts)``: :func:`_depth_ranges` with its visited rows in
 #: ``parts`` equal runs, run at once.
-depth_ranges = Parallel(_depth_ranges, _part_count)
+depth_ranges = Parallel(_depth_ranges)
 
 
 def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:

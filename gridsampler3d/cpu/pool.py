@@ -112,8 +112,8 @@ def run_parts(kernel, operands, parts: int) -> None:
     is raised here once every part has finished.
     """
     if parts <= 1:
-        if parts == 1:
-            kernel(*operands, 0)
+        for part in range(parts):
+            kernel(*operands, part)
         return
     others = [_worker_pool().submit(kernel, *operands, part) for part in range(1, parts)]
     try:
