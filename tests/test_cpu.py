@@ -252,19 +252,21 @@ def test_half_precision_is_the_golden_rounded_once(dtype, padding):
     assert report.passed, str(report)
 
 
-def _packed_double_ops(kernel) -> tuple[int, int]:
-    """(packed float64 arithmetic on 256/512-bit registers, hardware gathers) in ``kernel``'s fresh machine code.
+def _packed_double_ops(kernel) -> tuple[int, int, int]:
+    """(packed float64 arithmetic on 256/512-bit registers, hardware gathers, run-time overlap tests) in
+    ``kernel``'s fresh code.
 
     Compiled anew from the Python function without the disk cache, whose code cannot be
-    inspected.
+    inspected. The overlap tests are LLVM's ``vector.memcheck`` blocks in the optimised IR.
     """
-    fresh = part_kernel(kernel.py_func, cache=False)
+    fresh = part_kernel(kernel.body.py_func, cache=False)
     # The float32 build (other tests may have compiled float64 ones of the same kernel first)
-    signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
+    signature = next(signature for signature in kernel.body.signatures if signature[0].dtype == numba.float32)
     fresh.compile(signature)
     assembly = fresh.inspect_asm(signature)
     packed = len(re.findall(r"\bv(?:add|sub|mul)pd\s+%[yz]mm", assembly))
-    return packed, len(re.findall(r"\bv(?:p)?gather", assembly))
+    overlap_tests = len(re.findall(r"^vector\.memcheck[\w.]*:", fresh.inspect_llvm(signature), re.MULTILINE))
+    return packed, len(re.findall(r"\bv(?:p)?gather", assembly)), overlap_tests
 
 
 @pytest.mark.parametrize("padding, voxels", [("zeros", False), ("reflection", False), ("border", True)],
@@ -286,10 +288,14 @@ def test_hot_loops_stay_vectorised(padding, voxels):
     codes = (0, int(gs.Padding[padding.upper()]), voxels)
     # The arguments exactly as the engine passes them (the factories cache on them).
     for kernel in (forward_kernel(*codes, voxels, False), backward_kernel(*codes, False, voxels, False)):
-        packed, gathers = _packed_double_ops(kernel)
+        packed, gathers, overlap_tests = _packed_double_ops(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
         assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)
+        # With scratch arrays allocated beside the loops, or helpers compiled without
+        # noalias, LLVM guarded the loops with 3 to 13 overlap tests, which failed by the
+        # chance of the heap layout and ran the loops' scalar copies (docs/cpu.md).
+        assert overlap_tests == 0, (kernel.body.py_func.__qualname__, overlap_tests)
 
 
 def test_helpers_compile_once_per_type_not_once_per_mode():

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, slab_taps, tap_delta, tap_weight, trilinear_cells
+from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells
 from .coords import NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
@@ -66,9 +66,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     reach = 1 if nearest else 2
 
     @part_kernel
-    def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
-               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
-               out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, part):
+    def body(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
+             dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
+             out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, reals, integers, part):
         grad = borrowed(grad_operand)
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
@@ -77,6 +77,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         row_first = borrowed(row_first_operand)
         row_last = borrowed(row_last_operand)
         unresolved = borrowed(unresolved_operand)
+        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z = reals
+        sides, weights, pairs = borrowed(sides), borrowed(weights), borrowed(pairs)
+        mx, my, mz = borrowed(mx), borrowed(my), borrowed(mz)
+        grad_x, grad_y, grad_z = borrowed(grad_x), borrowed(grad_y), borrowed(grad_z)
+        offsets, corner, dx_corner, inside, lowest, taps = integers
+        offsets, corner, dx_corner = borrowed(offsets), borrowed(corner), borrowed(dx_corner)
+        inside, lowest, taps = borrowed(inside), borrowed(lowest), borrowed(taps)
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -97,21 +104,6 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         plane_hi = parts[part, 1]
         row_lo = parts[part, 2]
         row_hi = parts[part, 3]
-        sides = np.empty(6 * BLOCK)
-        weights = np.empty(8 * BLOCK)
-        pairs = np.empty(12 * BLOCK)
-        offsets = np.empty(8 * BLOCK, np.int64)
-        mx = np.empty(BLOCK)
-        my = np.empty(BLOCK)
-        mz = np.empty(BLOCK)
-        grad_x = np.empty(BLOCK)
-        grad_y = np.empty(BLOCK)
-        grad_z = np.empty(BLOCK)
-        corner = np.empty(BLOCK, np.int64)
-        dx_corner = np.empty(BLOCK, np.int64)
-        inside = np.empty(BLOCK, np.int64)
-        lowest = np.empty(BLOCK, np.int64)
-        taps = np.empty(BLOCK, np.int64)
         unresolved[part] = 0
         if want_dx:
             zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
@@ -187,11 +179,23 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     slab_taps(count, inside, lowest, z_lo, z_hi, taps)
                     for i in range(count):
                         for tap in range(8):
-                            weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                            weights[slot(tap, i)] = tap_weight(sides, tap, i)
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
 
-    return Parallel(kernel)
+    @part_kernel
+    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
+               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, part):
+        # The part's scratch, handed to the body as arguments (see .jit.part_kernel).
+        reals = (np.empty(6 * BLOCK), np.empty(8 * BLOCK), np.empty(12 * BLOCK), np.empty(BLOCK), np.empty(BLOCK),
+                 np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK))
+        integers = (np.empty(8 * BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64),
+                    np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64))
+        body(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
+             row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, reals,
+             integers, part)
+
+    return Parallel(kernel, body)
 
 
 @helper
@@ -212,10 +216,10 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
             g = float(grad[at + i * grad_strides[4]])
             sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
             for tap in range(8):
-                value = float(x[source + offsets[tap * BLOCK + i]])
-                wx = sides[(tap & 1) * BLOCK + i]
-                wy = sides[(2 + ((tap >> 1) & 1)) * BLOCK + i]
-                wz = sides[(4 + (tap >> 2)) * BLOCK + i]
+                value = float(x[source + offsets[slot(tap, i)]])
+                wx = sides[slot(tap & 1, i)]
+                wy = sides[slot(2 + ((tap >> 1) & 1), i)]
+                wz = sides[slot(4 + (tap >> 2), i)]
                 counts = (inside[i] >> tap) & 1
                 # d weight / d index is -1 for a tap's low side along an axis, +1 for its high side
                 term_x = value * wy * wz * g
@@ -236,12 +240,13 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
     on per axis; outside taps read as 0. The pair weights depend on the point only, so
     each channel costs 8 gathers and about 35 operations instead of about 100.
     """
-    for i in range(count):
-        for edge in range(4):
-            low, high = edge & 1, edge >> 1
-            pairs[edge * BLOCK + i] = sides[(2 + low) * BLOCK + i] * sides[(4 + high) * BLOCK + i]
-            pairs[(4 + edge) * BLOCK + i] = sides[low * BLOCK + i] * sides[(4 + high) * BLOCK + i]
-            pairs[(8 + edge) * BLOCK + i] = sides[low * BLOCK + i] * sides[(2 + high) * BLOCK + i]
+    for pair in range(12):
+        # pair = 4 * axis + edge: the product of the other two axes' sides (edge & 1, edge >> 1)
+        axis, low, high = pair >> 2, pair & 1, (pair >> 1) & 1
+        first = low if axis else 2 + low
+        second = 2 + high if axis == 2 else 4 + high
+        for i in range(count):  # one store per loop, so that it vectorises
+            pairs[slot(pair, i)] = sides[slot(first, i)] * sides[slot(second, i)]
     grad_x[:count] = 0.0
     grad_y[:count] = 0.0
     grad_z[:count] = 0.0
@@ -258,11 +263,11 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
                 tx = (first << 1) | (second << 2)
                 ty = first | (second << 2)
                 tz = first | (second << 1)
-                along_x += pairs[edge * BLOCK + i] * (_tap_value(x, source, offsets, bits, tx | 1, i)
+                along_x += pairs[slot(edge, i)] * (_tap_value(x, source, offsets, bits, tx | 1, i)
                                                       - _tap_value(x, source, offsets, bits, tx, i))
-                along_y += pairs[(4 + edge) * BLOCK + i] * (_tap_value(x, source, offsets, bits, ty | 2, i)
+                along_y += pairs[slot(4 + edge, i)] * (_tap_value(x, source, offsets, bits, ty | 2, i)
                                                             - _tap_value(x, source, offsets, bits, ty, i))
-                along_z += pairs[(8 + edge) * BLOCK + i] * (_tap_value(x, source, offsets, bits, tz | 4, i)
+                along_z += pairs[slot(8 + edge, i)] * (_tap_value(x, source, offsets, bits, tz | 4, i)
                                                             - _tap_value(x, source, offsets, bits, tz, i))
             grad_x[i] += along_x * g
             grad_y[i] += along_y * g
@@ -272,7 +277,7 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
 @helper
 def _tap_value(x, source, offsets, bits, tap, i):
     """x at tap ``tap`` of point ``i``, or 0 when the tap lies outside the volume."""
-    value = float(x[source + offsets[tap * BLOCK + i]])
+    value = float(x[source + offsets[slot(tap, i)]])
     return value if (bits >> tap) & 1 else 0.0
 
 
@@ -326,11 +331,11 @@ def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_st
             target = plane + dx_corner[i]
             if bits == ALL_TAPS:
                 for tap in range(8):
-                    dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g
+                    dx[target + tap_delta(tap, dx_spatial)] += weights[slot(tap, i)] * g
             else:
                 for tap in range(8):
                     if (bits >> tap) & 1:
-                        dx[target + tap_delta(tap, dx_spatial)] += weights[tap * BLOCK + i] * g
+                        dx[target + tap_delta(tap, dx_spatial)] += weights[slot(tap, i)] * g
 
 
 @outlined_helper
@@ -345,7 +350,7 @@ def _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad
         values = grad[source:source + channels]  # views: see _scatter_nearest_channels_inner
         for tap in range(8):
             if (bits >> tap) & 1:
-                weight = weights[tap * BLOCK + i]
+                weight = weights[slot(tap, i)]
                 target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
                 voxel = dx[target:target + channels]
                 for c in range(channels):

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, tap_weight, trilinear_cells
+from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells
 from .coords import NEAREST
 from .jit import Parallel, borrowed, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
@@ -48,25 +48,22 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     nearest = interpolation == NEAREST
 
     @part_kernel
-    def kernel(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
-               out_sizes, parts, unresolved_operand, part):
+    def body(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
+             out_sizes, parts, unresolved_operand, reals, integers, part):
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
         y = borrowed(y_operand)
         unresolved = borrowed(unresolved_operand)
+        sides, weights, no_multipliers, totals = reals  # the forward needs no multipliers
+        sides, weights, no_multipliers, totals = borrowed(sides), borrowed(weights), borrowed(no_multipliers), \
+            borrowed(totals)
+        offsets, corner, unused, inside, lowest = integers
+        offsets, corner, unused = borrowed(offsets), borrowed(corner), borrowed(unused)
+        inside, lowest = borrowed(inside), borrowed(lowest)
         rows = batch * out_sizes[0] * out_sizes[1]
         out_depth, out_height, out_width = out_sizes
         spatial = (x_strides[2], x_strides[3], x_strides[4])
         channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
-        sides = np.empty(6 * BLOCK)
-        weights = np.empty(8 * BLOCK)
-        no_multipliers = np.empty(0)  # the forward needs none
-        offsets = np.empty(8 * BLOCK, np.int64)
-        corner = np.empty(BLOCK, np.int64)
-        unused = np.empty(BLOCK, np.int64)
-        inside = np.empty(BLOCK, np.int64)
-        lowest = np.empty(BLOCK, np.int64)
-        totals = np.empty(channels)
         unresolved[part] = 0
         for row in range(part * rows // parts, (part + 1) * rows // parts):
             if unresolved[part]:
@@ -106,7 +103,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                 masked_offsets(count, corner, inside, spatial, offsets)
                 for i in range(count):
                     for tap in range(8):
-                        weights[tap * BLOCK + i] = tap_weight(sides, tap, i)
+                        weights[slot(tap, i)] = tap_weight(sides, tap, i)
                 if channel_inner:
                     _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
                                     totals)
@@ -117,11 +114,21 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                     for i in range(count):
                         total = 0.0
                         for tap in range(8):
-                            term = x[source + offsets[tap * BLOCK + i]] * weights[tap * BLOCK + i]
+                            term = x[source + offsets[slot(tap, i)]] * weights[slot(tap, i)]
                             total += term if (inside[i] >> tap) & 1 else 0.0
                         y[target + i * y_strides[4]] = total
 
-    return Parallel(kernel)
+    @part_kernel
+    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
+               part):
+        # The part's scratch, handed to the body as arguments (see .jit.part_kernel).
+        reals = (np.empty(6 * BLOCK), np.empty(8 * BLOCK), np.empty(0), np.empty(channels))
+        integers = (np.empty(8 * BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64),
+                    np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64))
+        body(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
+             reals, integers, part)
+
+    return Parallel(kernel, body)
 
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer
@@ -133,8 +140,8 @@ def _channels_inner(count, x, x_batch, y, out, y_step, channels, weights, offset
         totals[:] = 0.0
         for tap in range(8):
             if (inside[i] >> tap) & 1:
-                weight = weights[tap * BLOCK + i]
-                source = x_batch + offsets[tap * BLOCK + i]
+                weight = weights[slot(tap, i)]
+                source = x_batch + offsets[slot(tap, i)]
                 # A view, so that the channel index is provably non-negative: a flat index
                 # might wrap around (negative indexing), which keeps the loop scalar.
                 values = x[source:source + channels]
