@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells
+from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
@@ -216,7 +216,7 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
             g = float(grad[at + i * grad_strides[4]])
             sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
             for tap in range(8):
-                value = float(x[source + offsets[slot(tap, i)]])
+                value = float(x[unsigned(source + offsets[slot(tap, i)])])
                 wx = sides[slot(tap & 1, i)]
                 wy = sides[slot(2 + ((tap >> 1) & 1), i)]
                 wz = sides[slot(4 + (tap >> 2), i)]
@@ -277,7 +277,7 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
 @helper
 def _tap_value(x, source, offsets, bits, tap, i):
     """x at tap ``tap`` of point ``i``, or 0 when the tap lies outside the volume."""
-    value = float(x[source + offsets[slot(tap, i)]])
+    value = float(x[unsigned(source + offsets[slot(tap, i)])])
     return value if (bits >> tap) & 1 else 0.0
 
 
@@ -331,11 +331,11 @@ def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_st
             target = plane + dx_corner[i]
             if bits == ALL_TAPS:
                 for tap in range(8):
-                    dx[target + tap_delta(tap, dx_spatial)] += weights[slot(tap, i)] * g
+                    dx[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
             else:
                 for tap in range(8):
                     if (bits >> tap) & 1:
-                        dx[target + tap_delta(tap, dx_spatial)] += weights[slot(tap, i)] * g
+                        dx[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
 
 
 @outlined_helper

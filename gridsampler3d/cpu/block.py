@@ -17,15 +17,23 @@ from .tuning import BLOCK
 
 
 @helper
-def slot(k, i):
-    """Index ``k * BLOCK + i`` of entry ``k`` of point ``i`` in a scratch array, typed unsigned.
+def unsigned(index):
+    """``index``, which the caller knows to be a valid (so non-negative) index, typed unsigned.
 
-    A signed index may be negative as far as Numba knows, and it wraps a negative index
-    around to the array's end with a select per access; across points that select turns
-    the loads of a scratch row into gathers. Unsigned, it goes: the backward's separable
-    grid gradient ran 0.94 times the time on one channel (docs/cpu.md). Only the final
-    index is unsigned (mixed signed and unsigned arithmetic would give float64).
+    A signed index may be negative as far as Numba knows, and Numba wraps a negative index
+    around to the array's end: a select per access, which across points turns a scratch
+    row's loads into gathers and adds three vector operations to every gather's index.
+    Only the final index is cast: unsigned arithmetic mixed with signed would give float64.
+    Used where measured to pay (docs/cpu.md): the taps' gathers and the dx scatter. The
+    grid's reads in phase A and the grid gradient's stores, cast too, turned phase A's loop
+    scalar (``benchmarks/hot_loops.py``).
     """
+    return np.uint64(index)
+
+
+@helper
+def slot(k, i):
+    """Index ``k * BLOCK + i`` of entry ``k`` of point ``i`` in a scratch array (unsigned, see :func:`unsigned`)."""
     return np.uint64(k * BLOCK + i)
 
 

@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells
+from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST
 from .jit import Parallel, borrowed, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
@@ -114,7 +114,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                     for i in range(count):
                         total = 0.0
                         for tap in range(8):
-                            term = x[source + offsets[slot(tap, i)]] * weights[slot(tap, i)]
+                            term = x[unsigned(source + offsets[slot(tap, i)])] * weights[slot(tap, i)]
                             total += term if (inside[i] >> tap) & 1 else 0.0
                         y[target + i * y_strides[4]] = total
 
