@@ -112,7 +112,7 @@ def _instructions(path: Path, address: int) -> list[tuple[int, str]]:
     return found
 
 
-def _report(folder: Path, share: float) -> None:
+def _report(folder: Path, share: float, listing: float) -> None:
     samples = collections.Counter()
     script = subprocess.run(["perf", "script", "-i", str(folder / "perf.data"), "-F", "ip"], capture_output=True,
                             text=True, check=True).stdout
@@ -126,7 +126,7 @@ def _report(folder: Path, share: float) -> None:
         end = min(end, address + path.stat().st_size)
         mine = {ip: count for ip, count in samples.items() if address <= ip < end}
         count = sum(mine.values())
-        if count == 0:
+        if count < 0.01 * total:
             continue
         print(f"\n{name}: {count} samples, {100 * count / total:.1f}% of the process")
         code = _instructions(path, address)
@@ -151,6 +151,8 @@ def _report(folder: Path, share: float) -> None:
             print(f"  +{first - address:#07x}..+{last - address:#07x} {100 * held / count:5.1f}%  "
                   f"{len(body):4d} instructions, {vector:3d} on vector registers, {gathers:2d} gathers"
                   + ("  (scalar)" if vector == 0 else ""))
+            if held >= listing * count:
+                print("\n".join(f"      {text}" for text in body))
 
 
 def main() -> None:
@@ -160,6 +162,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="timed calls to sample")
     parser.add_argument("--share", type=float, default=0.02, help="smallest share of a kernel's samples to list")
+    parser.add_argument("--listing", type=float, default=2.0,
+                        help="also print the instructions of loops holding at least this share (default: none)")
     args = parser.parse_args()
     if os.environ.get(_CHILD):
         _child(args, Path(os.environ[_CHILD]))
@@ -171,7 +175,7 @@ def main() -> None:
         command = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-o", f"{folder}/perf.data",
                    sys.executable, __file__, *sys.argv[1:]]
         subprocess.run(command, env={**os.environ, _CHILD: folder}, check=True)
-        _report(Path(folder), args.share)
+        _report(Path(folder), args.share, args.listing)
 
 
 if __name__ == "__main__":

@@ -293,7 +293,7 @@ def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_stride
         source = grad_at + c * grad_strides[1]
         for i in range(count):
             if taps[i]:
-                dx[target + dx_corner[i]] += grad[source + i * grad_strides[4]]
+                dx[unsigned(target + dx_corner[i])] += grad[unsigned(source + i * grad_strides[4])]
 
 
 # The channels-last paths are called, not inlined: inlined beside the channel-outer loops

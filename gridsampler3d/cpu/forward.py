@@ -91,7 +91,7 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                         source = x_batch + c * x_strides[1]
                         target = out + c * y_strides[1]
                         for i in range(count):
-                            value = x[source + corner[i]]
+                            value = x[unsigned(source + corner[i])]  # corner is 0 outside
                             y[target + i * y_strides[4]] = value if inside[i] else 0
                     continue
                 if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
