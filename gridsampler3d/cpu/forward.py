@@ -16,7 +16,7 @@ import numpy as np
 
 from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST
-from .jit import Parallel, borrowed, outlined_helper, part_kernel
+from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -90,6 +90,12 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                     for c in range(channels):
                         source = x_batch + c * x_strides[1]
                         target = out + c * y_strides[1]
+                        if y_strides[4] == 1:  # a view, so that the stores are contiguous
+                            row = y[target:target + count]
+                            for i in range(count):
+                                value = x[unsigned(source + corner[i])]  # corner is 0 outside
+                                row[i] = value if inside[i] else 0
+                            continue
                         for i in range(count):
                             value = x[unsigned(source + corner[i])]  # corner is 0 outside
                             y[target + i * y_strides[4]] = value if inside[i] else 0
@@ -111,12 +117,13 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                 for c in range(channels):
                     source = x_batch + c * x_strides[1]
                     target = out + c * y_strides[1]
+                    if y_strides[4] == 1:  # a view, so that the stores are contiguous
+                        row = y[target:target + count]
+                        for i in range(count):
+                            row[i] = _tap_sum(x, source, offsets, weights, inside, i)
+                        continue
                     for i in range(count):
-                        total = 0.0
-                        for tap in range(8):
-                            term = x[unsigned(source + offsets[slot(tap, i)])] * weights[slot(tap, i)]
-                            total += term if (inside[i] >> tap) & 1 else 0.0
-                        y[target + i * y_strides[4]] = total
+                        y[target + i * y_strides[4]] = _tap_sum(x, source, offsets, weights, inside, i)
 
     @part_kernel
     def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
@@ -129,6 +136,16 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
              reals, integers, part)
 
     return Parallel(kernel, body)
+
+
+@helper
+def _tap_sum(x, source, offsets, weights, inside, i):
+    """Point i's weighted sum of its inside taps in the channel plane at ``source``, taps in PyTorch's order."""
+    total = 0.0
+    for tap in range(8):
+        term = x[unsigned(source + offsets[slot(tap, i)])] * weights[slot(tap, i)]
+        total += term if (inside[i] >> tap) & 1 else 0.0
+    return total
 
 
 # Not inlined on purpose: this path inside the kernel made LLVM compile the channel-outer
