@@ -42,9 +42,7 @@ def _mapping_end(address: int) -> int:
 
 
 def _kernels_used(run) -> list:
-    """The part kernels (and the bodies they call) that ``run()`` launches."""
-    from numba.core.registry import CPUDispatcher
-
+    """The part kernels that ``run()`` launches."""
     from gridsampler3d.cpu import pool
 
     seen = {}
@@ -59,13 +57,7 @@ def _kernels_used(run) -> list:
         run()
     finally:
         pool.run_parts = launch
-    kernels = list(seen.values())
-    for kernel in list(kernels):  # a kernel that allocates scratch calls its body
-        for cell in kernel.py_func.__closure__ or ():
-            value = cell.cell_contents
-            if isinstance(value, CPUDispatcher) and value.overloads and value not in kernels:
-                kernels.append(value)
-    return kernels
+    return list(seen.values())
 
 
 def _child(args, folder: Path) -> None:

@@ -259,9 +259,9 @@ def _packed_double_ops(kernel) -> tuple[int, int, int]:
     Compiled anew from the Python function without the disk cache, whose code cannot be
     inspected. The overlap tests are LLVM's ``vector.memcheck`` blocks in the optimised IR.
     """
-    fresh = part_kernel(kernel.body.py_func, cache=False)
+    fresh = part_kernel(kernel.py_func, cache=False)
     # The float32 build (other tests may have compiled float64 ones of the same kernel first)
-    signature = next(signature for signature in kernel.body.signatures if signature[0].dtype == numba.float32)
+    signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
     fresh.compile(signature)
     assembly = fresh.inspect_asm(signature)
     packed = len(re.findall(r"\bv(?:add|sub|mul)pd\s+%[yz]mm", assembly))
@@ -292,10 +292,10 @@ def test_hot_loops_stay_vectorised(padding, voxels):
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
         assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)
-        # With scratch arrays allocated beside the loops, or helpers compiled without
+        # With scratch arrays allocated in the kernel, or helpers compiled without
         # noalias, LLVM guarded the loops with 3 to 13 overlap tests, which failed by the
         # chance of the heap layout and ran the loops' scalar copies (docs/cpu.md).
-        assert overlap_tests == 0, (kernel.body.py_func.__qualname__, overlap_tests)
+        assert overlap_tests == 0, (kernel.py_func.__qualname__, overlap_tests)
 
 
 def test_helpers_compile_once_per_type_not_once_per_mode():

@@ -22,6 +22,14 @@ from .tuning import BLOCK, VECTOR_CHANNELS
 ALL_TAPS = 255
 
 
+def _scratch(parts: int, *operands):
+    """(reals, integers): the arrays a backward pass works in, one row per part (rows of ``BLOCK`` entries times 6,
+    8, 12, 1, ... as the kernel unpacks them); see :func:`.jit.part_kernel`."""
+    reals = tuple(np.empty((parts, rows * BLOCK)) for rows in (6, 8, 12, 1, 1, 1, 1, 1, 1))
+    integers = tuple(np.empty((parts, rows * BLOCK), np.int64) for rows in (8, 1, 1, 1, 1, 1))
+    return reals, integers
+
+
 @helper
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel."""
@@ -66,9 +74,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     reach = 1 if nearest else 2
 
     @part_kernel
-    def body(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
-             dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
-             out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, reals, integers, part):
+    def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
+               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
+               out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, reals, integers, part):
         grad = borrowed(grad_operand)
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
@@ -77,13 +85,14 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         row_first = borrowed(row_first_operand)
         row_last = borrowed(row_last_operand)
         unresolved = borrowed(unresolved_operand)
+        # This part's rows of the scratch arrays (see _scratch)
         sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z = reals
-        sides, weights, pairs = borrowed(sides), borrowed(weights), borrowed(pairs)
-        mx, my, mz = borrowed(mx), borrowed(my), borrowed(mz)
-        grad_x, grad_y, grad_z = borrowed(grad_x), borrowed(grad_y), borrowed(grad_z)
+        sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
+        mx, my, mz = borrowed(mx)[part], borrowed(my)[part], borrowed(mz)[part]
+        grad_x, grad_y, grad_z = borrowed(grad_x)[part], borrowed(grad_y)[part], borrowed(grad_z)[part]
         offsets, corner, dx_corner, inside, lowest, taps = integers
-        offsets, corner, dx_corner = borrowed(offsets), borrowed(corner), borrowed(dx_corner)
-        inside, lowest, taps = borrowed(inside), borrowed(lowest), borrowed(taps)
+        offsets, corner, dx_corner = borrowed(offsets)[part], borrowed(corner)[part], borrowed(dx_corner)[part]
+        inside, lowest, taps = borrowed(inside)[part], borrowed(lowest)[part], borrowed(taps)[part]
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -183,19 +192,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
 
-    @part_kernel
-    def kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
-               row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, part):
-        # The part's scratch, handed to the body as arguments (see .jit.part_kernel).
-        reals = (np.empty(6 * BLOCK), np.empty(8 * BLOCK), np.empty(12 * BLOCK), np.empty(BLOCK), np.empty(BLOCK),
-                 np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK))
-        integers = (np.empty(8 * BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64),
-                    np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64))
-        body(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides, row_first,
-             row_last, parts, batch, channels, sizes, out_sizes, want_dx, want_dgrid, own_by_plane, unresolved, reals,
-             integers, part)
-
-    return Parallel(kernel, body)
+    return Parallel(kernel, _scratch)
 
 
 @helper

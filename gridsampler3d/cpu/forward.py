@@ -48,18 +48,19 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     nearest = interpolation == NEAREST
 
     @part_kernel
-    def body(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
-             out_sizes, parts, unresolved_operand, reals, integers, part):
+    def kernel(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
+               out_sizes, parts, unresolved_operand, reals, integers, part):
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
         y = borrowed(y_operand)
         unresolved = borrowed(unresolved_operand)
+        # This part's rows of the scratch arrays (see _scratch)
         sides, weights, no_multipliers, totals = reals  # the forward needs no multipliers
-        sides, weights, no_multipliers, totals = borrowed(sides), borrowed(weights), borrowed(no_multipliers), \
-            borrowed(totals)
+        sides, weights, totals = borrowed(sides)[part], borrowed(weights)[part], borrowed(totals)[part]
+        no_multipliers = borrowed(no_multipliers)[part]
         offsets, corner, unused, inside, lowest = integers
-        offsets, corner, unused = borrowed(offsets), borrowed(corner), borrowed(unused)
-        inside, lowest = borrowed(inside), borrowed(lowest)
+        offsets, corner, unused = borrowed(offsets)[part], borrowed(corner)[part], borrowed(unused)[part]
+        inside, lowest = borrowed(inside)[part], borrowed(lowest)[part]
         rows = batch * out_sizes[0] * out_sizes[1]
         out_depth, out_height, out_width = out_sizes
         spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -125,17 +126,15 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                     for i in range(count):
                         y[target + i * y_strides[4]] = _tap_sum(x, source, offsets, weights, inside, i)
 
-    @part_kernel
-    def kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
-               part):
-        # The part's scratch, handed to the body as arguments (see .jit.part_kernel).
-        reals = (np.empty(6 * BLOCK), np.empty(8 * BLOCK), np.empty(0), np.empty(channels))
-        integers = (np.empty(8 * BLOCK, np.int64), np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64),
-                    np.empty(BLOCK, np.int64), np.empty(BLOCK, np.int64))
-        body(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
-             reals, integers, part)
+    return Parallel(kernel, _scratch)
 
-    return Parallel(kernel, body)
+
+def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, channels, *shapes):
+    """(reals, integers): the arrays a forward pass works in, one row per part; see :func:`.jit.part_kernel`."""
+    reals = (np.empty((parts, 6 * BLOCK)), np.empty((parts, 8 * BLOCK)), np.empty((parts, 0)),
+             np.empty((parts, channels)))
+    integers = tuple(np.empty((parts, rows * BLOCK), np.int64) for rows in (8, 1, 1, 1, 1))
+    return reals, integers
 
 
 @helper

@@ -49,12 +49,19 @@ def _declare(func, **options):
 
 
 def helper(func):
-    """A helper LLVM inlines into each kernel that calls it (``forceinline``)."""
+    """A helper LLVM inlines into each kernel that calls it (``forceinline``).
+
+    Helpers compile with ``noalias`` too: Numba optimises, and vectorises, each helper in
+    its own module before LLVM inlines it, so a helper's loops need their own guarantee
+    that the arrays they store into overlap no other argument (see :func:`part_kernel`).
+    A caller therefore never passes overlapping arrays to a helper that writes one of
+    them (the same array may go to several arguments that the call leaves untouched).
+    """
     return _declare(func, forceinline=True)
 
 
 def outlined_helper(func):
-    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it."""
+    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it (``noalias`` too)."""
     return _declare(func)
 
 
@@ -82,13 +89,14 @@ def part_kernel(func, cache: bool = True):
     It releases the GIL while it runs, so that :class:`Parallel` can run its parts on
     several Python threads at once. Its array operands are to go through :func:`borrowed`.
 
-    Scratch arrays belong among the operands too: a kernel allocates them and calls the
-    part kernel that holds the loops with them (its ``body``). Arrays allocated inside the
-    loops' own function are not known to be disjoint, and LLVM guards each vectorised loop
-    with a run-time overlap test whose bounds it overestimates (Numba's wrap-around of
-    negative indices): the test failed or passed by the chance of where the allocator put
-    the arrays, and when it failed the loop ran its scalar copy, the backward's grid
-    gradient 1.3 times slower on 32 channels (docs/cpu.md).
+    Scratch arrays belong among the operands too (:class:`Parallel` allocates them, a row
+    per part). Arrays allocated inside the kernel are not known to be disjoint, and LLVM
+    guards each vectorised loop with a run-time overlap test whose bounds it
+    overestimates (Numba's wrap-around of negative indices): the test failed or passed by
+    the chance of where the allocator put the arrays, and when it failed the loop ran its
+    scalar copy, the backward's grid gradient 1.3 times slower on 32 channels
+    (docs/cpu.md). (A jitted wrapper that allocates and calls the kernel costs about 1 s
+    of compile per kernel: Numba optimises the linked kernel again inside the wrapper.)
     """
     dispatcher = CPUDispatcher(py_func=func, locals={}, targetoptions=dict(_OPTIONS))
     _compile_without_aliases(dispatcher)
@@ -101,15 +109,16 @@ class Parallel:
     """A part kernel called as one parallel kernel: ``kernel(*operands)`` runs ``part(*operands, p)`` for every part p.
 
     The operand named ``parts`` gives the part count: a number, or an array with one row
-    per part. ``body``, where given, is the part kernel that ``part`` calls with its scratch
-    (see :func:`part_kernel`): the one whose machine code holds the loops. :func:`.pool.run_parts` runs the parts on the engine's threads and returns
-    when all are done.
+    per part. ``scratch``, where given, is called as ``scratch(count, *operands)`` and
+    returns the arrays the parts work in, each with a row per part: they are appended to
+    the operands (see :func:`part_kernel`). :func:`.pool.run_parts` runs the parts on the
+    engine's threads and returns when all are done.
     """
 
-    def __init__(self, part, body=None):
+    def __init__(self, part, scratch=None):
         self.part = part
-        self.body = part if body is None else body  # the part kernel that holds the loops
         self.py_func = part.py_func
+        self._scratch = scratch
         self._parts_at = list(inspect.signature(part.py_func).parameters).index("parts")
 
     @property
@@ -118,7 +127,10 @@ class Parallel:
 
     def __call__(self, *operands):
         parts = operands[self._parts_at]
-        pool.run_parts(self.part, operands, len(parts) if hasattr(parts, "__len__") else int(parts))
+        count = len(parts) if hasattr(parts, "__len__") else int(parts)
+        if self._scratch is not None:
+            operands += self._scratch(count, *operands)
+        pool.run_parts(self.part, operands, count)
 
 
 @intrinsic
