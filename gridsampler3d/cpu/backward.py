@@ -23,10 +23,14 @@ ALL_TAPS = 255
 
 
 def _scratch(parts: int, *operands):
-    """(reals, integers): the arrays a backward pass works in, one row per part (rows of ``BLOCK`` entries times 6,
-    8, 12, 1, ... as the kernel unpacks them); see :func:`.jit.part_kernel`."""
-    reals = tuple(np.empty((parts, rows * BLOCK)) for rows in (6, 8, 12, 1, 1, 1, 1, 1, 1))
-    integers = tuple(np.empty((parts, rows * BLOCK), np.int64) for rows in (8, 1, 1, 1, 1, 1))
+    """(reals, integers): the arrays a backward pass works in, each with one row per part.
+
+    In the kernel's order: sides (6 entries per point), weights (8), pairs (12), mx, my,
+    mz, grad_x, grad_y, grad_z (1 each); offsets (8), corner, dx_corner, inside, lowest,
+    taps (1 each); ``BLOCK`` points. See :func:`.jit.part_kernel`.
+    """
+    reals = tuple(np.empty((parts, entries * BLOCK)) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
+    integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1, 1))
     return reals, integers
 
 
@@ -261,11 +265,11 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
                 ty = first | (second << 2)
                 tz = first | (second << 1)
                 along_x += pairs[slot(edge, i)] * (_tap_value(x, source, offsets, bits, tx | 1, i)
-                                                      - _tap_value(x, source, offsets, bits, tx, i))
+                                                   - _tap_value(x, source, offsets, bits, tx, i))
                 along_y += pairs[slot(4 + edge, i)] * (_tap_value(x, source, offsets, bits, ty | 2, i)
-                                                            - _tap_value(x, source, offsets, bits, ty, i))
+                                                       - _tap_value(x, source, offsets, bits, ty, i))
                 along_z += pairs[slot(8 + edge, i)] * (_tap_value(x, source, offsets, bits, tz | 4, i)
-                                                            - _tap_value(x, source, offsets, bits, tz, i))
+                                                       - _tap_value(x, source, offsets, bits, tz, i))
             grad_x[i] += along_x * g
             grad_y[i] += along_y * g
             grad_z[i] += along_z * g

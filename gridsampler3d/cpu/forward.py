@@ -130,10 +130,15 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
 
 
 def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, channels, *shapes):
-    """(reals, integers): the arrays a forward pass works in, one row per part; see :func:`.jit.part_kernel`."""
+    """(reals, integers): the arrays a forward pass works in, each with one row per part.
+
+    In the kernel's order: sides (6 entries per point), weights (8), no multipliers (none),
+    totals (one per channel); offsets (8), corner, unused, inside, lowest (1 each);
+    ``BLOCK`` points. See :func:`.jit.part_kernel`.
+    """
     reals = (np.empty((parts, 6 * BLOCK)), np.empty((parts, 8 * BLOCK)), np.empty((parts, 0)),
              np.empty((parts, channels)))
-    integers = tuple(np.empty((parts, rows * BLOCK), np.int64) for rows in (8, 1, 1, 1, 1))
+    integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1))
     return reals, integers
 
 
