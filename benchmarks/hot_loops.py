@@ -104,7 +104,7 @@ def _instructions(path: Path, address: int) -> list[tuple[int, str]]:
     return found
 
 
-def _report(folder: Path, share: float, listing: float) -> None:
+def _report(folder: Path, share: float, listing: float, nested: bool) -> None:
     samples = collections.Counter()
     script = subprocess.run(["perf", "script", "-i", str(folder / "perf.data"), "-F", "ip"], capture_output=True,
                             text=True, check=True).stdout
@@ -134,9 +134,10 @@ def _report(folder: Path, share: float, listing: float) -> None:
                 body = [text for at, text in code if first <= at <= last]
                 rows.append((first, last, held, body))
         for first, last, held, body in rows:
-            # Report the innermost loops: skip one whose samples an inner loop already holds.
-            if any(r[0] >= first and r[1] <= last and (r[0], r[1]) != (first, last) and r[2] >= 0.9 * held
-                   for r in rows):
+            # Report the innermost loops (with --nested, also the loops around them whose
+            # samples their inner loops do not already hold).
+            inner = [r for r in rows if r[0] >= first and r[1] <= last and (r[0], r[1]) != (first, last)]
+            if inner and (not nested or any(r[2] >= 0.9 * held for r in inner)):
                 continue
             gathers = sum("gather" in text for text in body)
             vector = sum(bool(re.search(r"%[yz]mm", text)) for text in body)
@@ -154,6 +155,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="timed calls to sample")
     parser.add_argument("--share", type=float, default=0.02, help="smallest share of a kernel's samples to list")
+    parser.add_argument("--nested", action="store_true", help="also list the loops around the innermost ones")
     parser.add_argument("--listing", type=float, default=2.0,
                         help="also print the instructions of loops holding at least this share (default: none)")
     args = parser.parse_args()
@@ -167,7 +169,7 @@ def main() -> None:
         command = ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-o", f"{folder}/perf.data",
                    sys.executable, __file__, *sys.argv[1:]]
         subprocess.run(command, env={**os.environ, _CHILD: folder}, check=True)
-        _report(Path(folder), args.share, args.listing)
+        _report(Path(folder), args.share, args.listing, args.nested)
 
 
 if __name__ == "__main__":
