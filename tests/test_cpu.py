@@ -252,7 +252,7 @@ def test_half_precision_is_the_golden_rounded_once(dtype, padding):
     assert report.passed, str(report)
 
 
-def _packed_double_ops(kernel) -> tuple[int, int, int]:
+def _vector_code_counts(kernel) -> tuple[int, int, int]:
     """(packed float64 arithmetic on 256/512-bit registers, hardware gathers, run-time overlap tests) in
     ``kernel``'s fresh code.
 
@@ -288,7 +288,7 @@ def test_hot_loops_stay_vectorised(padding, voxels):
     codes = (0, int(gs.Padding[padding.upper()]), voxels)
     # The arguments exactly as the engine passes them (the factories cache on them).
     for kernel in (forward_kernel(*codes, voxels, False), backward_kernel(*codes, False, voxels, False)):
-        packed, gathers, overlap_tests = _packed_double_ops(kernel)
+        packed, gathers, overlap_tests = _vector_code_counts(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
         assert packed >= 30 and gathers >= 8, (kernel.py_func.__qualname__, packed, gathers)

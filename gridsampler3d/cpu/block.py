@@ -34,7 +34,7 @@ def unsigned(index):
 @helper
 def slot(k, i):
     """Index ``k * BLOCK + i`` of entry ``k`` of point ``i`` in a scratch array (unsigned, see :func:`unsigned`)."""
-    return np.uint64(k * BLOCK + i)
+    return unsigned(k * BLOCK + i)
 
 
 @helper

@@ -94,12 +94,10 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                         if y_strides[4] == 1:  # a view, so that the stores are contiguous
                             row = y[target:target + count]
                             for i in range(count):
-                                value = x[unsigned(source + corner[i])]  # corner is 0 outside
-                                row[i] = value if inside[i] else 0
+                                row[i] = _nearest_value(x, source, corner, inside, i)
                             continue
                         for i in range(count):
-                            value = x[unsigned(source + corner[i])]  # corner is 0 outside
-                            y[target + i * y_strides[4]] = value if inside[i] else 0
+                            y[target + i * y_strides[4]] = _nearest_value(x, source, corner, inside, i)
                     continue
                 if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
                                    align_corners, True, exact_remainder, voxels, origin, spatial, spatial, sides,
@@ -140,6 +138,13 @@ def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, 
              np.empty((parts, channels)))
     integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1))
     return reals, integers
+
+
+@helper
+def _nearest_value(x, source, corner, inside, i):
+    """Point i's nearest voxel in the channel plane at ``source``, or 0 outside (where ``corner[i]`` is 0)."""
+    value = x[unsigned(source + corner[i])]
+    return value if inside[i] else 0
 
 
 @helper
