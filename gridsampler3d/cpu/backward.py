@@ -36,15 +36,71 @@ def _scratch(parts: int, *operands):
 
 @helper
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
-    """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel."""
+    """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel.
+
+    A plane that is one dense run of memory (channels-last, or one channel's plane of a
+    dense NCDHW tensor) is zeroed as that run; otherwise element by element, the channel
+    loop innermost where channels have the smaller stride.
+    """
     depth, height, width = sizes
+    n_stride, c_stride, z_stride, y_stride, x_stride = dx_strides
+    plane_values = height * width
+    channels_last = c_stride == 1 and x_stride == channels and y_stride == width * channels
     for plane in range(first, last):
         n, z = plane // depth, plane % depth
-        for c in range(channels):
-            base = n * dx_strides[0] + c * dx_strides[1] + z * dx_strides[2]
+        base = n * n_stride + z * z_stride
+        if channels_last:
+            dx[base:base + plane_values * channels] = 0
+        elif x_stride == 1 and y_stride == width:
+            for c in range(channels):
+                start = base + c * c_stride
+                dx[start:start + plane_values] = 0
+        elif c_stride < x_stride:
             for yy in range(height):
                 for xx in range(width):
-                    dx[base + yy * dx_strides[3] + xx * dx_strides[4]] = 0
+                    at = base + yy * y_stride + xx * x_stride
+                    for c in range(channels):
+                        dx[at + c * c_stride] = 0
+        else:
+            for c in range(channels):
+                for yy in range(height):
+                    for xx in range(width):
+                        dx[base + c * c_stride + yy * y_stride + xx * x_stride] = 0
+
+
+@helper
+def _zero_reached(dx, dx_strides, channels, sizes, zeroed, first, last):
+    """Zero the planes of [first, last) not yet in ``zeroed`` (a run [lo, hi) of planes); returns the grown run.
+
+    The backward zeroes its planes as its points first reach them, so that a plane's
+    scatter finds it in the cache instead of reading back what a separate zeroing pass
+    wrote out to memory. The run stays one interval: what lies between it and a new
+    plane is zeroed too (it is zeroed once either way).
+    """
+    lo, hi = zeroed
+    if first >= last:
+        return lo, hi
+    if lo >= hi:
+        zero_planes(dx, dx_strides, first, last, channels, sizes)
+        return first, last
+    if first < lo:
+        zero_planes(dx, dx_strides, first, lo, channels, sizes)
+        lo = first
+    if last > hi:
+        zero_planes(dx, dx_strides, hi, last, channels, sizes)
+        hi = last
+    return lo, hi
+
+
+@helper
+def _reached_planes(count, lowest, taps, reach, z_lo, z_hi):
+    """[first, last): the depths within [z_lo, z_hi) that the taps flagged in ``taps`` can reach (empty if none)."""
+    first, last = z_hi, z_lo
+    for i in range(count):
+        used = taps[i] != 0
+        first = min(first, lowest[i]) if used else first
+        last = max(last, lowest[i] + reach) if used else last
+    return max(first, z_lo), min(last, z_hi)
 
 
 @functools.cache
@@ -118,8 +174,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         row_lo = parts[part, 2]
         row_hi = parts[part, 3]
         unresolved[part] = 0
-        if want_dx:
-            zero_planes(dx, dx_strides, plane_lo, plane_hi, channels, sizes)
+        zeroed = (plane_lo, plane_lo)  # the run of this part's dx planes zeroed so far
         for row in range(row_lo, row_hi):
             if unresolved[part]:
                 break
@@ -159,6 +214,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         unresolved[part] = 1
                         break
                     slab_taps(count, inside, lowest, z_lo, z_hi, taps)
+                    reached_lo, reached_hi = _reached_planes(count, lowest, taps, reach, z_lo, z_hi)
+                    zeroed = _zero_reached(dx, dx_strides, channels, sizes, zeroed, n * depth + reached_lo,
+                                           n * depth + reached_hi)
                     _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
                                      channel_inner, dx_corner, taps)
                     continue
@@ -190,11 +248,16 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                                 dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
                 if do_dx:
                     slab_taps(count, inside, lowest, z_lo, z_hi, taps)
+                    reached_lo, reached_hi = _reached_planes(count, lowest, taps, reach, z_lo, z_hi)
+                    zeroed = _zero_reached(dx, dx_strides, channels, sizes, zeroed, n * depth + reached_lo,
+                                           n * depth + reached_hi)
                     for i in range(count):
                         for tap in range(8):
                             weights[slot(tap, i)] = tap_weight(sides, tap, i)
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
+        if want_dx:  # the planes no point reached
+            _zero_reached(dx, dx_strides, channels, sizes, zeroed, plane_lo, plane_hi)
 
     return Parallel(kernel, _scratch)
 
