@@ -15,7 +15,7 @@ from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import part_kernel
-from gridsampler3d.cpu.plan import depth_ranges, is_coherent, plan_slabs, row_parts
+from gridsampler3d.cpu.plan import depth_ranges, is_coherent, looks_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 
@@ -219,7 +219,7 @@ def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
 
 
 def test_smooth_and_random_grids_are_told_apart():
-    """A smooth grid fuses dx and dgrid in one pass; a random one takes a pass each."""
+    """A smooth grid fuses dx and dgrid in one pass; a random one takes a pass each (both verdicts)."""
     codes = (0, 0, False)
     verdicts = []
     for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
@@ -228,7 +228,13 @@ def test_smooth_and_random_grids_are_told_apart():
         depth_ranges(*engine._flat(grid), 1, (32, 32, 32), (32, 32, 32), *codes, False, 1, False, row_first,
                      row_last, row_jumps, 1)
         verdicts.append(is_coherent(row_jumps, 32, 1))
-    assert verdicts == [True, False]
+        # one thread's verdict, from sampled rows in torch
+        verdicts.append(looks_coherent(grid, False, 32, False, 0, False, 3))
+    # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
+    smooth = cases.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
+    scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8
+    verdicts += [looks_coherent(field, True, 32, True, 1, True, 1) for field in (smooth, scattered)]
+    assert verdicts == [True, True, False, False, True, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -27,80 +27,69 @@ def _scratch(parts: int, *operands):
 
     In the kernel's order: sides (6 entries per point), weights (8), pairs (12), mx, my,
     mz, grad_x, grad_y, grad_z (1 each); offsets (8), corner, dx_corner, inside, lowest,
-    taps (1 each); ``BLOCK`` points. See :func:`.jit.part_kernel`.
+    taps (1 each); ``BLOCK`` points; then the run of planes zeroed (2 entries, see
+    :func:`zero_reached`). See :func:`.jit.part_kernel`.
     """
     reals = tuple(np.empty((parts, entries * BLOCK)) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
     integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1, 1))
-    return reals, integers
+    return reals, integers + (np.empty((parts, 2), np.int64),)
 
 
 @helper
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel.
 
-    A plane that is one dense run of memory (channels-last, or one channel's plane of a
-    dense NCDHW tensor) is zeroed as that run; otherwise element by element, the channel
-    loop innermost where channels have the smaller stride.
+    ``dx`` is dense, NCDHW or channels-last, as the engine allocates it: a plane is then
+    one run of memory per channel (NCDHW) or one run for all channels (channels-last),
+    which LLVM zeroes as memset.
     """
     depth, height, width = sizes
-    n_stride, c_stride, z_stride, y_stride, x_stride = dx_strides
-    plane_values = height * width
-    channels_last = c_stride == 1 and x_stride == channels and y_stride == width * channels
+    n_stride, c_stride, z_stride, _, x_stride = dx_strides
+    channels_last = c_stride == 1 and x_stride == channels
+    runs = 1 if channels_last else channels
+    length = height * width * (channels if channels_last else 1)
     for plane in range(first, last):
         n, z = plane // depth, plane % depth
-        base = n * n_stride + z * z_stride
-        if channels_last:
-            dx[base:base + plane_values * channels] = 0
-        elif x_stride == 1 and y_stride == width:
-            for c in range(channels):
-                start = base + c * c_stride
-                dx[start:start + plane_values] = 0
-        elif c_stride < x_stride:
-            for yy in range(height):
-                for xx in range(width):
-                    at = base + yy * y_stride + xx * x_stride
-                    for c in range(channels):
-                        dx[at + c * c_stride] = 0
-        else:
-            for c in range(channels):
-                for yy in range(height):
-                    for xx in range(width):
-                        dx[base + c * c_stride + yy * y_stride + xx * x_stride] = 0
+        for run in range(runs):
+            start = n * n_stride + z * z_stride + run * c_stride
+            for k in range(length):
+                dx[start + k] = 0
 
 
 @helper
-def _zero_reached(dx, dx_strides, channels, sizes, zeroed, first, last):
-    """Zero the planes of [first, last) not yet in ``zeroed`` (a run [lo, hi) of planes); returns the grown run.
+def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, taps, reach, base, first, last):
+    """Zero the dx planes a block's taps reach that the run ``zeroed`` lacks, then grow the run over them.
 
-    The backward zeroes its planes as its points first reach them, so that a plane's
+    The backward zeroes its dx planes as its points first reach them, so that a plane's
     scatter finds it in the cache instead of reading back what a separate zeroing pass
-    wrote out to memory. The run stays one interval: what lies between it and a new
-    plane is zeroed too (it is zeroed once either way).
+    wrote out to memory. ``zeroed`` holds the run [zeroed[0], zeroed[1]) of planes
+    (n * D + z) zeroed so far; it stays one interval: what lies between it and a new
+    plane is zeroed too (once, as it would be anyway).
+
+    The planes are those of base + [first, last) that a point's taps reach (base +
+    lowest[i] .. base + lowest[i] + reach - 1), counting only points with a tap flagged
+    in ``taps``; with ``whole``, all of base + [first, last).
     """
-    lo, hi = zeroed
-    if first >= last:
-        return lo, hi
-    if lo >= hi:
-        zero_planes(dx, dx_strides, first, last, channels, sizes)
-        return first, last
-    if first < lo:
-        zero_planes(dx, dx_strides, first, lo, channels, sizes)
-        lo = first
-    if last > hi:
-        zero_planes(dx, dx_strides, hi, last, channels, sizes)
-        hi = last
-    return lo, hi
-
-
-@helper
-def _reached_planes(count, lowest, taps, reach, z_lo, z_hi):
-    """[first, last): the depths within [z_lo, z_hi) that the taps flagged in ``taps`` can reach (empty if none)."""
-    first, last = z_hi, z_lo
+    low, high = last, first
     for i in range(count):
         used = taps[i] != 0
-        first = min(first, lowest[i]) if used else first
-        last = max(last, lowest[i] + reach) if used else last
-    return max(first, z_lo), min(last, z_hi)
+        low = min(low, lowest[i]) if used else low
+        high = max(high, lowest[i] + reach) if used else high
+    if not whole:
+        first, last = max(low, first), min(high, last)
+    first, last = base + first, base + last
+    if first >= last:
+        return
+    if zeroed[0] >= zeroed[1]:
+        zeroed[0], zeroed[1] = first, first
+    below, above = zeroed[0], zeroed[1]
+    # [first, below) then [above, last): one loop, so that the kernel holds one copy of the
+    # zeroing code (each inlined copy lengthens its compile)
+    for side in range(2):
+        start = first if side == 0 else above
+        end = below if side == 0 else last
+        zero_planes(dx, dx_strides, start, end, channels, sizes)
+    zeroed[0], zeroed[1] = min(below, first), max(above, last)
 
 
 @functools.cache
@@ -150,9 +139,10 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
         mx, my, mz = borrowed(mx)[part], borrowed(my)[part], borrowed(mz)[part]
         grad_x, grad_y, grad_z = borrowed(grad_x)[part], borrowed(grad_y)[part], borrowed(grad_z)[part]
-        offsets, corner, dx_corner, inside, lowest, taps = integers
+        offsets, corner, dx_corner, inside, lowest, taps, zeroed = integers
         offsets, corner, dx_corner = borrowed(offsets)[part], borrowed(corner)[part], borrowed(dx_corner)[part]
         inside, lowest, taps = borrowed(inside)[part], borrowed(lowest)[part], borrowed(taps)[part]
+        zeroed = borrowed(zeroed)[part]
         depth = sizes[0]
         out_depth, out_height, out_width = out_sizes
         x_spatial = (x_strides[2], x_strides[3], x_strides[4])
@@ -174,7 +164,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         row_lo = parts[part, 2]
         row_hi = parts[part, 3]
         unresolved[part] = 0
-        zeroed = (plane_lo, plane_lo)  # the run of this part's dx planes zeroed so far
+        zeroed[0], zeroed[1] = plane_lo, plane_lo  # the run of this part's dx planes zeroed so far
         for row in range(row_lo, row_hi):
             if unresolved[part]:
                 break
@@ -213,18 +203,20 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                                      inside, lowest):
                         unresolved[part] = 1
                         break
-                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
-                    reached_lo, reached_hi = _reached_planes(count, lowest, taps, reach, z_lo, z_hi)
-                    zeroed = _zero_reached(dx, dx_strides, channels, sizes, zeroed, n * depth + reached_lo,
-                                           n * depth + reached_hi)
-                    _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
-                                     channel_inner, dx_corner, taps)
-                    continue
-                if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                   align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
-                                   sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
+                elif trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
+                                     align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
+                                     sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
                     unresolved[part] = 1
                     break
+                if do_dx:
+                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
+                    zero_reached(dx, dx_strides, channels, sizes, zeroed, False, count, lowest, taps, reach,
+                                 n * depth, z_lo, z_hi)
+                if nearest:  # nearest kernels compute no grid gradient
+                    if do_dx:
+                        _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
+                                         channel_inner, dx_corner, taps)
+                    continue
                 if own:
                     masked_offsets(count, corner, inside, x_spatial, offsets)
                     if exact:
@@ -247,17 +239,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                                 dgrid[at + dgrid_component] = my[i] * grad_y[i]
                                 dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
                 if do_dx:
-                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
-                    reached_lo, reached_hi = _reached_planes(count, lowest, taps, reach, z_lo, z_hi)
-                    zeroed = _zero_reached(dx, dx_strides, channels, sizes, zeroed, n * depth + reached_lo,
-                                           n * depth + reached_hi)
                     for i in range(count):
                         for tap in range(8):
                             weights[slot(tap, i)] = tap_weight(sides, tap, i)
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
                              channel_inner, weights, dx_corner, taps)
         if want_dx:  # the planes no point reached
-            _zero_reached(dx, dx_strides, channels, sizes, zeroed, plane_lo, plane_hi)
+            zero_reached(dx, dx_strides, channels, sizes, zeroed, True, 0, lowest, taps, 1, 0, plane_lo, plane_hi)
 
     return Parallel(kernel, _scratch)
 

@@ -20,7 +20,7 @@ from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
 from . import pool, tuning
-from .plan import depth_ranges, is_coherent, plan_slabs, row_parts
+from .plan import depth_ranges, is_coherent, looks_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
 
@@ -216,18 +216,23 @@ class NumbaBackend:
                                   False, True, False)], threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        # Sampled rows judge whether the grid is smooth; one thread owns every plane and
-        # skips no row, so it needs no more, while several need every row's depth range.
+        # Sampled rows judge whether the grid is smooth. One thread owns every plane and
+        # skips no row, so it needs no more (and no kernel for it: rows left at (0, 0) are
+        # walked); several threads need every row's depth range.
         row_step = max(1, rows // _SAMPLED_ROWS)
-        depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, threads > 1, row_first,
-                     row_last, row_jumps, threads)
-        reach = 1 if interpolation == Interpolation.NEAREST else 2
+        nearest = interpolation == Interpolation.NEAREST
+        reach = 1 if nearest else 2
         if threads > 1:
+            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
+                         row_last, row_jumps, threads)
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                threads)
+            coherent = is_coherent(row_jumps, out_sizes[2], row_step)
         else:
             slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
-        fused = want_dgrid and is_coherent(row_jumps, out_sizes[2], row_step)
+            coherent = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
+                                                     row_step)
+        fused = want_dgrid and coherent
         launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)]
         if want_dgrid and not fused:
             launches.insert(0, (*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes,

@@ -15,8 +15,9 @@ Extra memory: two int64 per output row and one per (n, z) plane.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from .coords import NEAREST, REFLECTION, ROUNDER, source_index
+from .coords import NEAREST, REFLECTION, ROUNDER, ZEROS, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .tuning import BLOCK
 
@@ -53,6 +54,20 @@ def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin)
     return np.int64(min(max(low, -2.0), float(depth)))
 
 
+@helper
+def _unfolded(smallest, largest, depth, align_corners, voxels, origin):
+    """Whether z values in [smallest, largest] all map inside reflection's first span, where it folds nothing.
+
+    There reflection (then the clip) is non-decreasing in the z value, so a row's range of
+    lowest depths follows from its extreme z values, as for zeros and border padding.
+    """
+    low, _ = unnormalize(smallest, depth, align_corners, voxels, origin)
+    high, _ = unnormalize(largest, depth, align_corners, voxels, origin)
+    if align_corners:
+        return low >= 0.0 and high <= depth - 1.0
+    return low >= -0.5 and high <= depth - 0.5
+
+
 @part_kernel
 def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
                   row_step, every_row, row_first_operand, row_last_operand, row_jumps_operand, parts, part):
@@ -61,9 +76,10 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
     and ``row_jumps`` (the number of neighbouring points whose lowest depths differ by
     more than one) have one int64 entry per row. Every ``row_step``-th row is visited
-    point by point; with ``every_row`` the others get their range too, and for zeros and
-    border padding (where the lowest depth grows with the z value) from the least and
-    greatest z value alone, a plain scan. Rows not visited are left as they are. A row
+    point by point; with ``every_row`` the others get their range too, from the least and
+    greatest z value alone (a plain scan) where the lowest depth grows with the z value:
+    for zeros and border padding, and for reflection on a row that stays within the span
+    that it does not fold (:func:`_unfolded`). Rows not visited are left as they are. A row
     with a reflection past two spans of the volume gets every plane as its range (-2 to
     D) and counts as jumping: libm's exact remainder is not taken here (its code beside
     the vectorised loop slows that loop), and a wider range only makes fewer rows skipped.
@@ -88,9 +104,10 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
         first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
         if not voxels:
             first_point += 2 * grid_strides[4]
-        if row % row_step != 0 and padding != REFLECTION:
+        if row % row_step != 0:
             # The range from the extreme z values, unless one is NaN, infinite or huge
-            # (where the index rules stop being monotonic): then point by point below.
+            # (where the index rules stop being monotonic) or reflection folds the row:
+            # then point by point below.
             smallest, largest = np.inf, -np.inf
             usable = 1
             for i in range(out_width):
@@ -98,6 +115,8 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
                 usable &= abs(value) < _MONOTONIC_LIMIT
                 smallest = value if value < smallest else smallest
                 largest = value if value > largest else largest
+            if usable and padding == REFLECTION:
+                usable = 1 if _unfolded(smallest, largest, sizes[0], align_corners, voxels, float(d)) else 0
             if usable:
                 row_first[row] = _lowest_depth(smallest, sizes[0], nearest, padding, align_corners, voxels,
                                                float(d))
@@ -138,6 +157,29 @@ def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:
     """
     sampled = row_jumps[::row_step]
     return int(sampled.sum()) <= 0.1 * sampled.size * (out_width - 1)
+
+
+def looks_coherent(field, voxels: bool, depth: int, nearest: bool, padding: int, align_corners: bool,
+                   row_step: int) -> bool:
+    """:func:`is_coherent` judged from every ``row_step``-th row of a grid (or displacement) in torch, with no kernel.
+
+    For one thread, which needs no row's depth range, only this verdict. The lowest depths
+    here follow the index rules up to rounding, and reflection is taken as a clip: the
+    verdict only picks the faster of two exact ways (:func:`is_coherent`).
+    """
+    out_depth, out_height = field.shape[2:4] if voxels else field.shape[1:3]
+    row = torch.arange(0, field.shape[0] * out_depth * out_height, row_step)
+    n, d, h = row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
+    if voxels:  # (N, 3, Do, Ho, Wo), dz first: the index is d + dz
+        rows = field[n, 0, d, h].double() + d.double().unsqueeze(1)
+    else:
+        rows = field[n, d, h, :, 2].double()
+        rows = (rows + 1) * 0.5 * (depth - 1) if align_corners else ((rows + 1) * depth - 1) * 0.5
+    if padding != ZEROS:
+        rows = rows.clamp(0, depth - 1)
+    lowest = (rows.round() if nearest else rows.floor()).nan_to_num(-2.0).clamp(-2, depth)
+    jumps = int((lowest.diff(dim=1).abs() > 1).sum())
+    return jumps <= 0.1 * rows.shape[0] * (rows.shape[1] - 1)
 
 
 def plan_slabs(row_first: np.ndarray, row_last: np.ndarray, batch: int, depth: int, plane_voxels: int, out_width: int,
