@@ -16,7 +16,7 @@ import numpy as np
 
 from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST, ZEROS
-from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
+from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, zero_elements
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 ALL_TAPS = 255
@@ -39,21 +39,19 @@ def _scratch(parts: int, *operands):
 def zero_planes(dx, dx_strides, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel.
 
-    ``dx`` is dense, NCDHW or channels-last, as the engine allocates it: a plane is then
-    one run of memory per channel (NCDHW) or one run for all channels (channels-last),
-    which LLVM zeroes as memset.
+    ``dx`` is dense, NCDHW or channels-last, as the engine allocates it: a batch's planes
+    in the range are then one run of memory per channel (NCDHW) or one run for all
+    channels (channels-last), each zeroed by one memset.
     """
     depth, height, width = sizes
     n_stride, c_stride, z_stride, _, x_stride = dx_strides
     channels_last = c_stride == 1 and x_stride == channels
     runs = 1 if channels_last else channels
     length = height * width * (channels if channels_last else 1)
-    for plane in range(first, last):
-        n, z = plane // depth, plane % depth
-        for run in range(runs):
-            start = n * n_stride + z * z_stride + run * c_stride
-            for k in range(length):
-                dx[start + k] = 0
+    for n in range(first // depth, (last + depth - 1) // depth):
+        z_first, z_last = max(first - n * depth, 0), min(last - n * depth, depth)
+        for run in range(runs if z_first < z_last else 0):
+            zero_elements(dx, n * n_stride + z_first * z_stride + run * c_stride, (z_last - z_first) * length)
 
 
 @helper
