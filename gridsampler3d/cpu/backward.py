@@ -81,8 +81,8 @@ def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, 
     if zeroed[0] >= zeroed[1]:
         zeroed[0], zeroed[1] = first, first
     below, above = zeroed[0], zeroed[1]
-    # [first, below) then [above, last): one loop, so that the kernel holds one copy of the
-    # zeroing code (each inlined copy lengthens its compile)
+    # [first, below) then [above, last), from one loop: one copy of the zeroing code in the
+    # kernel (LLVM multiplies each copy inside the kernel's loops; docs/cpu.md, "Compilation")
     for side in range(2):
         start = first if side == 0 else above
         end = below if side == 0 else last

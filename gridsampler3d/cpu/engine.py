@@ -227,12 +227,11 @@ class NumbaBackend:
                          row_last, row_jumps, threads)
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                threads)
-            coherent = is_coherent(row_jumps, out_sizes[2], row_step)
+            fused = want_dgrid and is_coherent(row_jumps, out_sizes[2], row_step)
         else:
             slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
-            coherent = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
-                                                     row_step)
-        fused = want_dgrid and coherent
+            fused = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
+                                                  row_step)
         launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)]
         if want_dgrid and not fused:
             launches.insert(0, (*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes,

@@ -160,9 +160,9 @@ def borrowed(typingctx, array):
 def zero_elements(typingctx, array, start, count):
     """``array[start:start + count] = 0`` as one ``llvm.memset``, for a range the caller knows to be inside ``array``.
 
-    A loop of stores, or a slice assignment, made LLVM spend about a second more on each
-    kernel that zeroes dx planes (index wrap-around, vectorised loops and their
-    remainders); this is one call.
+    ``count`` must not be negative (nothing is checked). Inside a kernel's loops, a loop of
+    stores or a slice assignment cost seconds of compile: LLVM copied it many times over
+    as unswitched and unrolled loops (docs/cpu.md, "Compilation"); this is one call.
     """
     if not (isinstance(array, types.Array) and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
         return None
