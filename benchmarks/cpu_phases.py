@@ -62,7 +62,8 @@ def phases(case, repeats: int) -> dict[str, float]:
     slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, threads)
     rows_only = row_parts(rows, batch * sizes[0], threads)
     y = torch.empty_like(grad)
-    forward = forward_kernel(*codes, False, False)
+    channels_last = case.layout == "NDHWC"  # as the engine builds its kernels
+    forward = forward_kernel(*codes, False, False, channels_last=channels_last)
     shapes = (batch, channels, sizes, out_sizes)
     unresolved = np.zeros(threads, np.int64)  # the suite's grids stay within the fast kernels' exact range
     times["forward"] = _median_ms(lambda: forward(*_flat(x), grid_flat, grid_strides, *_flat(y), *shapes, threads,

@@ -156,7 +156,8 @@ class NumbaBackend:
             bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
                                align_corners, voxels)
         else:
-            _launch(functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels),
+            _launch(functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
+                                      channels_last=layout == torch.channels_last_3d),
                     [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)], threads)
         return round_once(y, dtype).contiguous(memory_format=layout)
 

@@ -22,7 +22,7 @@ from .tuning import BLOCK, VECTOR_CHANNELS
 
 @functools.cache
 def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels: bool = False,
-                   exact_remainder: bool = False):
+                   exact_remainder: bool = False, channels_last: bool = False):
     """The forward kernel of one mode triple (and coordinate source).
 
     ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
@@ -44,6 +44,10 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     With ``voxels`` (the fused warp) ``grid`` is instead a displacement (N, 3, Do, Ho, Wo)
     as (dz, dy, dx) in voxels, whose ``grid_strides`` are given as (n, d, h, w, -component):
     dx sits 2 components above dz, read at a negative component step.
+
+    With ``channels_last`` (the engine sets it for channels-last data) the kernel runs the
+    channel loop innermost where the strides allow; without it the kernel never compiles
+    that path (about 0.4 s of a first call's compile).
     """
     nearest = interpolation == NEAREST
 
@@ -109,10 +113,11 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                 for i in range(count):
                     for tap in range(8):
                         weights[slot(tap, i)] = tap_weight(sides, tap, i)
-                if channel_inner:
-                    _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
-                                    totals)
-                    continue
+                if channels_last:  # a constant of the kernel, so that other kernels never compile this path
+                    if channel_inner:
+                        _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
+                                        totals)
+                        continue
                 for c in range(channels):
                     source = x_batch + c * x_strides[1]
                     target = out + c * y_strides[1]
