@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .coords import NEAREST, REFLECTION, ROUNDER, ZEROS, source_index, unnormalize
+from .. import reference
+from ..modes import Padding
+from .coords import NEAREST, REFLECTION, ROUNDER, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .tuning import BLOCK
 
@@ -161,25 +163,22 @@ def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:
 
 def looks_coherent(field, voxels: bool, depth: int, nearest: bool, padding: int, align_corners: bool,
                    row_step: int) -> bool:
-    """:func:`is_coherent` judged from every ``row_step``-th row of a grid (or displacement) in torch, with no kernel.
+    """:func:`is_coherent` judged from every ``row_step``-th row of a grid (or displacement), with no kernel.
 
     For one thread, which needs no row's depth range, only this verdict. The lowest depths
-    here follow the index rules up to rounding, and reflection is taken as a clip: the
-    verdict only picks the faster of two exact ways (:func:`is_coherent`).
+    come from the golden's vectorised index rule (:func:`gridsampler3d.reference.source_index`).
     """
     out_depth, out_height = field.shape[2:4] if voxels else field.shape[1:3]
     row = torch.arange(0, field.shape[0] * out_depth * out_height, row_step)
     n, d, h = row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
-    if voxels:  # (N, 3, Do, Ho, Wo), dz first: the index is d + dz
-        rows = field[n, 0, d, h].double() + d.double().unsqueeze(1)
+    if voxels:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
+        z = field[n, 0, d, h].double() + d.double().unsqueeze(1)
     else:
-        rows = field[n, d, h, :, 2].double()
-        rows = (rows + 1) * 0.5 * (depth - 1) if align_corners else ((rows + 1) * depth - 1) * 0.5
-    if padding != ZEROS:
-        rows = rows.clamp(0, depth - 1)
-    lowest = (rows.round() if nearest else rows.floor()).nan_to_num(-2.0).clamp(-2, depth)
-    jumps = int((lowest.diff(dim=1).abs() > 1).sum())
-    return jumps <= 0.1 * rows.shape[0] * (rows.shape[1] - 1)
+        z = field[n, d, h, :, 2].double()
+    index, _ = reference.source_index(z.numpy(), depth, Padding(padding), align_corners, voxels=voxels)
+    lowest = np.clip(np.rint(index) if nearest else np.floor(index), -2, depth)
+    jumps = int((np.abs(np.diff(lowest, axis=1)) > 1).sum())
+    return jumps <= 0.1 * lowest.shape[0] * (lowest.shape[1] - 1)
 
 
 def plan_slabs(row_first: np.ndarray, row_last: np.ndarray, batch: int, depth: int, plane_voxels: int, out_width: int,
