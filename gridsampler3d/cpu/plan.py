@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import reference
 from ..modes import Padding
+from ..reference import source_index as golden_source_index
 from .coords import NEAREST, REFLECTION, ROUNDER, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .tuning import BLOCK
@@ -175,7 +175,7 @@ def looks_coherent(field, voxels: bool, depth: int, nearest: bool, padding: int,
         z = field[n, 0, d, h].double() + d.double().unsqueeze(1)
     else:
         z = field[n, d, h, :, 2].double()
-    index, _ = reference.source_index(z.numpy(), depth, Padding(padding), align_corners, voxels=voxels)
+    index, _ = golden_source_index(z.numpy(), depth, Padding(padding), align_corners, voxels=voxels)
     lowest = np.clip(np.rint(index) if nearest else np.floor(index), -2, depth)
     jumps = int((np.abs(np.diff(lowest, axis=1)) > 1).sum())
     return jumps <= 0.1 * lowest.shape[0] * (lowest.shape[1] - 1)
