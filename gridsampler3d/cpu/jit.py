@@ -42,7 +42,9 @@ class _PlainTypeDispatcher(CPUDispatcher):
 
 
 def _declare(func, **options):
-    dispatcher = _PlainTypeDispatcher(py_func=func, locals={}, targetoptions={**_OPTIONS, **options})
+    # Helpers are called from kernels only: no wrappers to call them from Python or C.
+    options = {**_OPTIONS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True, **options}
+    dispatcher = _PlainTypeDispatcher(py_func=func, locals={}, targetoptions=options)
     _compile_without_aliases(dispatcher)
     dispatcher.enable_caching()
     return dispatcher
