@@ -69,7 +69,7 @@ def phases(case, repeats: int) -> dict[str, float]:
     times["forward"] = _median_ms(lambda: forward(*_flat(x), grid_flat, grid_strides, *_flat(y), *shapes, threads,
                                                   unresolved), repeats)
     dx, dgrid = torch.empty_like(x), torch.empty_like(grid)
-    backward = backward_kernel(*codes, case.dtype == "float64", False, False)
+    backward = backward_kernel(*codes, case.dtype == "float64", False, False, channels_last=channels_last)
     operands = (*_flat(grad), *_flat(x), grid_flat, grid_strides, *_flat(dx), dgrid.numpy().reshape(-1),
                 dgrid.stride(), row_first, row_last)
     if case.mode != "nearest":

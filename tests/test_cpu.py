@@ -294,7 +294,7 @@ def test_hot_loops_stay_vectorised(padding, voxels):
     codes = (0, int(gs.Padding[padding.upper()]), voxels)
     # The arguments exactly as the engine passes them (the factories cache on them).
     for kernel in (forward_kernel(*codes, voxels, False, channels_last=False),
-                   backward_kernel(*codes, False, voxels, False)):
+                   backward_kernel(*codes, False, voxels, False, channels_last=False)):
         packed, gathers, overlap_tests = _vector_code_counts(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.

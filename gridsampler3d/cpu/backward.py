@@ -92,7 +92,7 @@ def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, 
 
 @functools.cache
 def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True, voxels: bool = False,
-                    exact_remainder: bool = False):
+                    exact_remainder: bool = False, channels_last: bool = False):
     """The backward kernel of one mode triple (and coordinate source).
 
     ``exact`` keeps PyTorch's association in the grid gradient (float64 bitwise equal to
@@ -115,7 +115,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     (whose row bounds then need not be set). Nearest kernels compute dx only: their grid
     gradient is zero. Every element of an output asked for is written, unless a part sets
     ``unresolved[part]`` to 1: then the caller runs the kernel built with
-    ``exact_remainder`` instead (see :func:`.forward.forward_kernel`).
+    ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
+    for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner scatters.
     """
     nearest = interpolation == NEAREST
     reach = 1 if nearest else 2
@@ -240,8 +241,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     for i in range(count):
                         for tap in range(8):
                             weights[slot(tap, i)] = tap_weight(sides, tap, i)
+                    if channels_last:
+                        if channel_inner:
+                            _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_strides[4],
+                                                    channels, weights, dx_corner, taps)
+                            continue
                     _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
-                             channel_inner, weights, dx_corner, taps)
+                             weights, dx_corner, taps)
         if want_dx:  # the planes no point reached
             zero_reached(dx, dx_strides, channels, sizes, zeroed, True, 0, lowest, taps, 1, 0, plane_lo, plane_hi)
 
@@ -334,7 +340,12 @@ def _tap_value(x, source, offsets, bits, tap, i):
 @helper
 def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels, channel_inner, dx_corner,
                      taps):
-    """Phase B of nearest: dx[voxel] += grad for every point whose voxel lies in the slab, points in order."""
+    """Phase B of nearest: dx[voxel] += grad for every point whose voxel lies in the slab, points in order.
+
+    The channels-inner path is chosen here at run time in every nearest kernel: with it
+    left out of the NCDHW kernels, near64's one-thread backward took 1.3 times as long
+    (docs/cpu.md, "Compilation").
+    """
     if channel_inner:
         _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_strides[4], channels, dx_corner, taps)
         return
@@ -363,13 +374,9 @@ def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_ste
 
 
 @helper
-def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, channel_inner,
-             weights, dx_corner, in_slab):
+def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, weights, dx_corner,
+             in_slab):
     """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``in_slab``, points in order."""
-    if channel_inner:
-        _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_strides[4], channels, weights,
-                                dx_corner, in_slab)
-        return
     for c in range(channels):
         plane = dx_batch + c * dx_strides[1]
         at = grad_at + c * grad_strides[1]

@@ -204,7 +204,8 @@ class NumbaBackend:
         # elements only picks PyTorch's terms needlessly (still exact), and costs no mask.
         exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad.sum())))
         codes = (int(interpolation), int(padding), bool(align_corners), voxels)
-        kernel = functools.partial(backward_kernel, *codes[:3], exact, voxels)  # kernel(exact_remainder)
+        kernel = functools.partial(backward_kernel, *codes[:3], exact, voxels,  # kernel(exact_remainder)
+                                   channels_last=layout == torch.channels_last_3d)
 
         rows = batch * out_sizes[0] * out_sizes[1]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
