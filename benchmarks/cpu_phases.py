@@ -52,11 +52,11 @@ def phases(case, repeats: int) -> dict[str, float]:
     batch, channels = x.shape[:2]
     sizes, out_sizes = tuple(x.shape[2:]), tuple(grid.shape[1:4])
     rows = batch * out_sizes[0] * out_sizes[1]
-    row_first, row_last, row_jumps = (np.zeros(rows, np.int64) for _ in range(3))
+    row_first, row_last = (np.zeros(rows, np.int64) for _ in range(2))
     grid_flat, grid_strides = _flat(grid)
     row_step = max(1, rows // 256)  # as the engine samples
     times = {"plan": _median_ms(lambda: depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False,
-                                                     row_step, True, row_first, row_last, row_jumps, threads),
+                                                     row_step, True, row_first, row_last, threads),
                                   repeats)}
     reach = 1 if case.mode == "nearest" else 2
     slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, threads)

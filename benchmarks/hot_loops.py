@@ -46,17 +46,18 @@ def _kernels_used(run) -> list:
     from gridsampler3d.cpu import pool
 
     seen = {}
-    launch = pool.run_parts
+    launch = pool.run_together
 
-    def recording(kernel, operands, parts):
-        seen[id(kernel)] = kernel
-        return launch(kernel, operands, parts)
+    def recording(launches):
+        for kernel, _, _ in launches:
+            seen[id(kernel)] = kernel
+        return launch(launches)
 
-    pool.run_parts = recording
+    pool.run_together = recording
     try:
         run()
     finally:
-        pool.run_parts = launch
+        pool.run_together = launch
     return list(seen.values())
 
 

@@ -15,7 +15,7 @@ from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import part_kernel
-from gridsampler3d.cpu.plan import depth_ranges, is_coherent, looks_coherent, plan_slabs, row_parts
+from gridsampler3d.cpu.plan import depth_ranges, looks_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 
@@ -58,16 +58,36 @@ def threads():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("grid_spread", [0.3, 1.2], ids=["smooth", "random"])
-def test_results_do_not_depend_on_thread_count(dtype, grid_spread, threads):
-    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, low=-grid_spread, high=grid_spread)
+@pytest.mark.parametrize("smooth", [True, False], ids=["smooth", "random"])
+def test_results_do_not_depend_on_thread_count(dtype, smooth, threads):
+    """1, 2 and 3 threads give the same bits: for a smooth grid the fused walk (1 thread) and the grid gradient
+    beside dx (1 + 1 and 1 + 2 parts), for a random one the split passes."""
+    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype)
+    if smooth:
+        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
+    assert looks_coherent(grid, False, 9, False, 1, False, 1) == smooth
     results = []
-    for count in (1, 2):
+    for count in (1, 2, 3):
         threads(count)
-        results.append(gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "border", backend="numba"))
-        results.append((gs.grid_sampler3d(x, grid, "bilinear", "border", backend="numba"),))
-    for first, second in zip(results[:2], results[2:]):
-        assert all(torch.equal(a, b) for a, b in zip(first, second))
+        results.append(gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "border", backend="numba")
+                       + (gs.grid_sampler3d(x, grid, "bilinear", "border", backend="numba"),))
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threads):
+    """Side by side, the grid gradient's and dx's parts flag far reflections each; the rerun is exact."""
+    grad, x, _ = make_case(2, 3, (5, 4, 6), (3, 4, 5), torch.float64)
+    grid = cases.warp_grid(2, (3, 4, 5), magnitude=0.1, dtype=torch.float64)
+    grid[1, 2, 3, 4, 0] = 7.5  # past two spans: libm's remainder
+    grid[0, 0, 1, 2, 2] = -float("inf")
+    assert looks_coherent(grid, False, 5, mode == "nearest", 2, False, 1)
+    golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
+    for count in (1, 2, 3):
+        threads(count)
+        ours = gs.grid_sampler3d_backward(grad, x, grid, mode, "reflection", False, backend="numba")
+        assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
 
 
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
@@ -115,17 +135,15 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     (grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides) = _flat_inputs(grad, x, grid)
     batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
     rows = batch * out_sizes[0] * out_sizes[1]
-    row_first, row_last, row_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
-    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 1, True, row_first, row_last,
-                 row_jumps, slabs)
-    assert (row_first != -7).all() and (row_last >= row_first).all() and (row_jumps >= 0).all()
+    row_first, row_last = (np.full(rows, -7, np.int64) for _ in range(2))
+    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 1, True, row_first, row_last, slabs)
+    assert (row_first != -7).all() and (row_last >= row_first).all()
     # Rows between the sampled ones take their range from their extreme z values (zeros,
     # border): the same range as point by point.
-    scanned_first, scanned_last, sampled_jumps = (np.full(rows, -7, np.int64) for _ in range(3))
+    scanned_first, scanned_last = (np.full(rows, -7, np.int64) for _ in range(2))
     depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 3, True, scanned_first,
-                 scanned_last, sampled_jumps, 2)
+                 scanned_last, 2)
     assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
-    assert np.array_equal(sampled_jumps[::3], row_jumps[::3])
     reach = 1 if mode == "nearest" else 2
     parts = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, slabs)
     assert parts[0, 0] == 0 and parts[-1, 1] == batch * sizes[0] and np.all(parts[1:, 0] == parts[:-1, 1])
@@ -219,17 +237,11 @@ def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
 
 
 def test_smooth_and_random_grids_are_told_apart():
-    """A smooth grid fuses dx and dgrid in one pass; a random one takes a pass each (both verdicts)."""
-    codes = (0, 0, False)
+    """A smooth grid fuses dx and dgrid (or runs them side by side); a random one takes a pass each (both verdicts)."""
     verdicts = []
     for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
-        rows = 32 * 32
-        row_first, row_last, row_jumps = (np.zeros(rows, np.int64) for _ in range(3))
-        depth_ranges(*engine._flat(grid), 1, (32, 32, 32), (32, 32, 32), *codes, False, 1, False, row_first,
-                     row_last, row_jumps, 1)
-        verdicts.append(is_coherent(row_jumps, 32, 1))
-        # one thread's verdict, from sampled rows in torch
-        verdicts.append(looks_coherent(grid, False, 32, False, 0, False, 3))
+        for row_step in (1, 3):  # every row, and every third
+            verdicts.append(looks_coherent(grid, False, 32, False, 0, False, row_step))
     # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
     smooth = cases.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
     scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8

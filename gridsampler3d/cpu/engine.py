@@ -20,7 +20,7 @@ from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
 from . import pool, tuning
-from .plan import depth_ranges, is_coherent, looks_coherent, plan_slabs, row_parts
+from .plan import depth_ranges, looks_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
 
@@ -82,16 +82,25 @@ def _threads(values: int) -> int:
     return threads if values >= tuning.PARALLEL_VALUES else 1
 
 
-def _launch(build, launches, parts: int) -> None:
+def _launch(build, launches, parts: int, together: bool = False) -> None:
     """Run ``build(False)(*arguments, unresolved)`` for each launch in turn, ``unresolved`` one flag per part.
 
-    If a launch flags a part (a reflection coordinate beyond the fast kernel's exact range,
-    see :func:`.forward.forward_kernel`), every launch runs again with ``build(True)``,
-    the kernel that takes libm's remainder, compiled only when first needed.
+    With ``together`` the launches run at once instead (:func:`.pool.run_together`), each
+    with flags of its own; they must write disjoint elements. If a launch flags a part (a
+    reflection coordinate beyond the fast kernel's exact range, see
+    :func:`.forward.forward_kernel`), every launch runs again with ``build(True)``, the
+    kernel that takes libm's remainder, compiled only when first needed.
     """
-    unresolved = np.zeros(parts, np.int64)
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
+        if together:
+            flags = [np.zeros(parts, np.int64) for _ in launches]
+            pool.run_together([kernel.launch(*arguments, unresolved)
+                               for arguments, unresolved in zip(launches, flags)])
+            if not any(unresolved.any() for unresolved in flags):
+                return
+            continue
+        unresolved = np.zeros(parts, np.int64)
         for arguments in launches:
             kernel(*arguments, unresolved)
             if unresolved.any():
@@ -217,26 +226,46 @@ class NumbaBackend:
                 _launch(kernel, [(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes,
                                   False, True, False)], threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        row_first, row_last, row_jumps = np.zeros(rows, np.int64), np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        # Sampled rows judge whether the grid is smooth. One thread owns every plane and
-        # skips no row, so it needs no more (and no kernel for it: rows left at (0, 0) are
-        # walked); several threads need every row's depth range.
-        row_step = max(1, rows // _SAMPLED_ROWS)
+        row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+        planes = batch * sizes[0]
         nearest = interpolation == Interpolation.NEAREST
         reach = 1 if nearest else 2
+        # Sampled rows judge whether the grid is smooth (its points' taps stay near each
+        # other along a row), in torch, with no kernel to compile.
+        row_step = max(1, rows // _SAMPLED_ROWS)
+        coherent = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
+                                                 row_step)
+        if threads > 1 and coherent:
+            # The grid gradient on some threads while the others add dx: vector gathers on one,
+            # the scalar scatter on the other, which share a core's ports better than two
+            # copies of the fused pass (docs/cpu.md, "Parallel passes"). One dx part owns
+            # every plane and needs no row ranges.
+            dgrid_parts = threads // 2
+            dx_parts = threads - dgrid_parts
+            slabs = np.array([[0, planes, 0, rows]], np.int64)
+            if dx_parts > 1:
+                depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
+                             row_last, dx_parts)
+                slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
+                                   dx_parts)
+            _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, dgrid_parts), *shapes, False,
+                              True, False),
+                             (*operands, row_first, row_last, slabs, *shapes, True, False, False)], threads,
+                    together=True)
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
+        # One thread owns every plane and skips no row, so it needs no row ranges (rows left
+        # at (0, 0) are walked); several threads need every row's depth range.
         if threads > 1:
             depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
-                         row_last, row_jumps, threads)
+                         row_last, threads)
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                threads)
-            fused = want_dgrid and is_coherent(row_jumps, out_sizes[2], row_step)
         else:
-            slabs = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
-            fused = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
-                                                  row_step)
+            slabs = np.array([[0, planes, 0, rows]], np.int64)
+        fused = coherent and threads == 1
         launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)]
         if want_dgrid and not fused:
-            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, batch * sizes[0], threads), *shapes,
+            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes,
                                 False, True, False))
         _launch(kernel, launches, threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)

@@ -128,11 +128,15 @@ class Parallel:
         return self.part.signatures
 
     def __call__(self, *operands):
+        pool.run_parts(*self.launch(*operands))
+
+    def launch(self, *operands):
+        """``(part kernel, operands with the scratch appended, part count)``: one launch for :func:`.pool.run_together`."""
         parts = operands[self._parts_at]
         count = len(parts) if hasattr(parts, "__len__") else int(parts)
         if self._scratch is not None:
             operands += self._scratch(count, *operands)
-        pool.run_parts(self.part, operands, count)
+        return self.part, operands, count
 
 
 @intrinsic

@@ -72,18 +72,17 @@ def _unfolded(smallest, largest, depth, align_corners, voxels, origin):
 
 @part_kernel
 def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-                  row_step, every_row, row_first_operand, row_last_operand, row_jumps_operand, parts, part):
-    """Per row r: the least and greatest lowest-tap depth of its points; every ``row_step``-th row, its jumps.
+                  row_step, every_row, row_first_operand, row_last_operand, parts, part):
+    """Per row r: the least and greatest lowest-tap depth of its points.
 
-    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first``, ``row_last``
-    and ``row_jumps`` (the number of neighbouring points whose lowest depths differ by
-    more than one) have one int64 entry per row. Every ``row_step``-th row is visited
+    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first`` and ``row_last``
+    have one int64 entry per row. Every ``row_step``-th row is visited
     point by point; with ``every_row`` the others get their range too, from the least and
     greatest z value alone (a plain scan) where the lowest depth grows with the z value:
     for zeros and border padding, and for reflection on a row that stays within the span
     that it does not fold (:func:`_unfolded`). Rows not visited are left as they are. A row
     with a reflection past two spans of the volume gets every plane as its range (-2 to
-    D) and counts as jumping: libm's exact remainder is not taken here (its code beside
+    D): libm's exact remainder is not taken here (its code beside
     the vectorised loop slows that loop), and a wider range only makes fewer rows skipped.
     With ``voxels`` the grid is a displacement, strides as for the kernels
     (:func:`.forward.forward_kernel`): its dz component comes first. This is part ``part``
@@ -92,7 +91,6 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
     grid = borrowed(grid_operand)
     row_first = borrowed(row_first_operand)
     row_last = borrowed(row_last_operand)
-    row_jumps = borrowed(row_jumps_operand)
     out_depth, out_height, out_width = out_sizes
     nearest = interpolation == NEAREST
     stride = 1 if every_row else row_step
@@ -126,47 +124,35 @@ def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpola
                                               float(d))
                 continue
         least, most = np.int64(2**62), -np.int64(2**62)
-        jumps = 0
         for start in range(0, out_width, BLOCK):
             count = min(BLOCK, out_width - start)
             if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
                               nearest, padding, align_corners, voxels, float(d), lowest):
                 least = min(least, -2)
                 most = max(most, sizes[0])
-                jumps += count
                 continue
             for i in range(count):
                 least = min(least, lowest[i])
                 most = max(most, lowest[i])
-            for i in range(1, count):
-                jumps += abs(lowest[i] - lowest[i - 1]) > 1
         row_first[row] = least
         row_last[row] = most
-        row_jumps[row] = jumps
 
 
 #: ``depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-#: row_step, every_row, row_first, row_last, row_jumps, parts)``: :func:`_depth_ranges` with its visited rows in
+#: row_step, every_row, row_first, row_last, parts)``: :func:`_depth_ranges` with its visited rows in
 #: ``parts`` equal runs, run at once.
 depth_ranges = Parallel(_depth_ranges)
 
 
-def is_coherent(row_jumps: np.ndarray, out_width: int, row_step: int) -> bool:
-    """Whether neighbouring points mostly share their depth (in the sampled rows): a smooth grid, not a random one.
-
-    Decides only whether dx and dgrid share one pass (faster for smooth grids) or take
-    one each (faster for random grids, whose gathers and scatters thrash the cache).
-    """
-    sampled = row_jumps[::row_step]
-    return int(sampled.sum()) <= 0.1 * sampled.size * (out_width - 1)
-
-
 def looks_coherent(field, voxels: bool, depth: int, nearest: bool, padding: int, align_corners: bool,
                    row_step: int) -> bool:
-    """:func:`is_coherent` judged from every ``row_step``-th row of a grid (or displacement), with no kernel.
+    """Whether neighbouring points mostly share their depth: a smooth grid (or displacement), not a random one.
 
-    For one thread, which needs no row's depth range, only this verdict. The lowest depths
+    Judged from every ``row_step``-th row, in torch, with no kernel to compile: at most one
+    in ten neighbouring pairs may have lowest depths more than one apart. The lowest depths
     come from the golden's vectorised index rule (:func:`gridsampler3d.reference.source_index`).
+    The verdict decides only how the engine splits the backward's work (fused or split
+    passes, see :meth:`.engine.NumbaBackend._backward`); results never depend on it.
     """
     out_depth, out_height = field.shape[2:4] if voxels else field.shape[1:3]
     row = torch.arange(0, field.shape[0] * out_depth * out_height, row_step)

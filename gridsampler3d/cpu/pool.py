@@ -32,7 +32,7 @@ import threading
 import numba
 import torch
 
-__all__ = ["exclusive", "layer", "run_parts", "threads"]
+__all__ = ["exclusive", "layer", "run_parts", "run_together", "threads"]
 
 _TBB_LIBRARY = {"win32": "tbb12.dll", "darwin": "libtbb.12.dylib"}.get(sys.platform, "libtbb.so.12")
 _DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
@@ -111,13 +111,24 @@ def run_parts(kernel, operands, parts: int) -> None:
     part never changes a result: the parts write disjoint elements. An error in any part
     is raised here once every part has finished.
     """
-    if parts <= 1:
-        for part in range(parts):
+    run_together([(kernel, operands, parts)])
+
+
+def run_together(launches) -> None:
+    """Run every part of every launch ``(kernel, operands, parts)`` at once, as :func:`run_parts` runs one launch's.
+
+    The launches must write disjoint elements (and each part its own scratch); the first
+    launch's part 0 runs on the calling thread.
+    """
+    tasks = [(kernel, operands, part) for kernel, operands, parts in launches for part in range(parts)]
+    if len(tasks) <= 1:
+        for kernel, operands, part in tasks:
             kernel(*operands, part)
         return
-    others = [_worker_pool().submit(kernel, *operands, part) for part in range(1, parts)]
+    others = [_worker_pool().submit(kernel, *operands, part) for kernel, operands, part in tasks[1:]]
+    kernel, operands, part = tasks[0]
     try:
-        kernel(*operands, 0)
+        kernel(*operands, part)
     finally:
         concurrent.futures.wait(others)
     for other in others:
