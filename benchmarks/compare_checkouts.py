@@ -39,7 +39,8 @@ def _load_other(checkout: Path):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("other", type=Path, help="root of the other checkout (holding its gridsampler3d/)")
-    parser.add_argument("--cases", default="reg128,feat48", help="comma-separated SPEC section 8 case names")
+    parser.add_argument("--cases", default="reg128,feat48",
+                        help="comma-separated SPEC section 8 case names (warp128 runs the fused warp)")
     parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
     parser.add_argument("--stage", choices=["forward", "backward"], default="backward")
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
@@ -52,10 +53,14 @@ def main() -> None:
         (_, x, grid), (grad, x_ncdhw) = build_inputs(case)
         attributes = (case.mode, case.padding, case.align_corners)
 
+        warp = case.grid_kind == "displacement"  # warp128: the fused warp, its "grid" the displacement
+
         def run(library):
+            forward = library.warp3d if warp else library.grid_sampler3d
+            backward = library.warp3d_backward if warp else library.grid_sampler3d_backward
             if args.stage == "forward":
-                return library.grid_sampler3d(x_ncdhw, grid, *attributes, backend="numba")
-            return library.grid_sampler3d_backward(grad, x_ncdhw, grid, *attributes, backend="numba")
+                return forward(x_ncdhw, grid, *attributes, backend="numba")
+            return backward(grad, x_ncdhw, grid, *attributes, backend="numba")
 
         for library in (other, gridsampler3d, other, gridsampler3d):  # compile, then warm
             run(library)

@@ -11,7 +11,7 @@ of the process, which a busy machine disturbs less than wall time):
 - ``forward``: the whole forward;
 - ``dgrid``: the grid-gradient pass alone (coordinates, cells, gathers, sums, stores);
 - ``dx``: the dx pass alone (coordinates, cells, in-order scatter, zeroing);
-- ``fused``: dx and dgrid in one pass, as the engine runs smooth grids;
+- ``fused``: dx and dgrid in one pass of one part, as the engine runs smooth grids on one thread;
 - ``torch forward`` / ``torch backward``: PyTorch's own ops on the same inputs.
 """
 from __future__ import annotations
@@ -73,11 +73,12 @@ def phases(case, repeats: int) -> dict[str, float]:
     operands = (*_flat(grad), *_flat(x), grid_flat, grid_strides, *_flat(dx), dgrid.numpy().reshape(-1),
                 dgrid.stride(), row_first, row_last)
     if case.mode != "nearest":
-        times["dgrid"] = _median_ms(lambda: backward(*operands, rows_only, *shapes, False, True, False, unresolved),
+        times["dgrid"] = _median_ms(lambda: backward(*operands, rows_only, *shapes, False, True, unresolved),
                                     repeats)
-    times["dx"] = _median_ms(lambda: backward(*operands, slabs, *shapes, True, False, False, unresolved), repeats)
+    times["dx"] = _median_ms(lambda: backward(*operands, slabs, *shapes, True, False, unresolved), repeats)
     if case.mode != "nearest":
-        times["fused"] = _median_ms(lambda: backward(*operands, slabs, *shapes, True, True, True, unresolved),
+        whole = np.array([[0, batch * sizes[0], 0, rows]], np.int64)  # one part, as one thread runs it
+        times["fused"] = _median_ms(lambda: backward(*operands, whole, *shapes, True, True, unresolved[:1]),
                                     repeats)
     mode, padding = codes[0], codes[1]
     times["torch forward"] = _median_ms(lambda: torch.grid_sampler_3d(x, grid, mode, padding, case.align_corners),

@@ -149,19 +149,22 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     assert parts[0, 0] == 0 and parts[-1, 1] == batch * sizes[0] and np.all(parts[1:, 0] == parts[:-1, 1])
     golden_dx, golden_dgrid = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
     shapes = (batch, channels, sizes, out_sizes)
-    fused_and_split = [[(parts, True, True, True)],
-                       [(row_parts(rows, batch * sizes[0], slabs), False, True, False), (parts, True, False, False)]]
+    # fused: one part computes both; split: dgrid by rows, then dx by slabs (the engine runs
+    # these two side by side for smooth grids, and one after the other for random ones)
+    whole = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
+    fused_and_split = [[(whole, True, True)],
+                       [(row_parts(rows, batch * sizes[0], slabs), False, True), (parts, True, False)]]
     # Every coordinate lies within two spans of the volume: no part needs the exact remainder.
-    unresolved = np.full(slabs, -1, np.int64)
     for exact, passes in itertools.product((True, False), fused_and_split):
         kernel = backward_kernel(*codes, exact, False, False)
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
         dx_flat, dx_strides = engine._flat(dx)
-        for work, want_dx, want_dgrid, own_by_plane in passes:
+        for work, want_dx, want_dgrid in passes:
+            unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
             kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                    dgrid.numpy().reshape(-1), dgrid.stride(), row_first, row_last, work, *shapes, want_dx,
-                   want_dgrid, own_by_plane, unresolved)
+                   want_dgrid, unresolved)
             assert not unresolved.any()
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it

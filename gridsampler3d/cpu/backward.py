@@ -101,7 +101,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, own_by_plane, unresolved, part)`` computes part ``part`` of the pass (returned
+    want_dgrid, unresolved, part)`` computes part ``part`` of the pass (returned
     as one parallel kernel, :class:`.jit.Parallel`, called without ``part``, which runs
     every part at once): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
     and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
@@ -110,9 +110,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     -component) (see :func:`.forward.forward_kernel`). ``parts`` (P, 4) gives each parallel part its dx planes
     [first, end) (plane = n * D + z) and rows [first, end) (row = n * Do * Ho + d * Ho + h);
     ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
-    skip rows that miss its planes. With ``own_by_plane`` a part writes the grid gradient
-    of the points whose lowest tap plane it owns; otherwise of every point in its rows
-    (whose row bounds then need not be set). Nearest kernels compute dx only: their grid
+    skip rows that miss its planes (a part that owns every plane needs no row bounds:
+    rows left at (0, 0) are walked). A part writes the grid gradient of every point in its
+    rows, so a pass that computes both outputs runs as one part. Nearest kernels compute dx only: their grid
     gradient is zero. Every element of an output asked for is written, unless a part sets
     ``unresolved[part]`` to 1: then the caller runs the kernel built with
     ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
@@ -124,7 +124,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     @part_kernel
     def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
                dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
-               out_sizes, want_dx, want_dgrid, own_by_plane, unresolved_operand, reals, integers, part):
+               out_sizes, want_dx, want_dgrid, unresolved_operand, reals, integers, part):
         grad = borrowed(grad_operand)
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
@@ -174,18 +174,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
             z_hi = min(plane_hi - n * depth, depth)
             if z_lo >= z_hi:
                 continue
-            # Flags as ints, so that ``do_dx + own`` below counts them.
-            do_dx = 0
-            own = 1 if want_dgrid and not own_by_plane else 0
-            if want_dx or own_by_plane:
-                first_z = row_first[row]
-                last_z = row_last[row]
-                if want_dx and last_z + reach > z_lo and first_z < z_hi:
-                    do_dx = 1
-                if own_by_plane and want_dgrid and min(max(last_z, 0), depth - 1) >= z_lo \
-                        and min(max(first_z, 0), depth - 1) < z_hi:
-                    own = 1
-            if do_dx + own == 0:
+            do_dx = want_dx and row_last[row] + reach > z_lo and row_first[row] < z_hi
+            if not (do_dx or want_dgrid):
                 continue
             first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + grid_shift
             first_dgrid = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + dgrid_shift
@@ -216,7 +206,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
                                          channel_inner, dx_corner, taps)
                     continue
-                if own:
+                if want_dgrid:
                     masked_offsets(count, corner, inside, x_spatial, offsets)
                     if exact:
                         _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
@@ -225,9 +215,28 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
                                                  channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
                     p = first_dgrid + start * dgrid_step
-                    for i in range(count):
-                        owner = min(max(lowest[i], 0), depth - 1)
-                        if not own_by_plane or (owner >= z_lo and owner < z_hi):
+                    if voxels and dgrid_step == 1:
+                        # A displacement's components are three contiguous rows: stored through
+                        # views, each in a loop of its own, the stores vectorise (docs/cpu.md).
+                        row_x = dgrid[p:p + count]
+                        row_y = dgrid[p + dgrid_component:p + dgrid_component + count]
+                        row_z = dgrid[p + 2 * dgrid_component:p + 2 * dgrid_component + count]
+                        if padding == ZEROS:
+                            for i in range(count):
+                                row_x[i] = slope_x * grad_x[i]
+                            for i in range(count):
+                                row_y[i] = slope_y * grad_y[i]
+                            for i in range(count):
+                                row_z[i] = slope_z * grad_z[i]
+                        else:
+                            for i in range(count):
+                                row_x[i] = mx[i] * grad_x[i]
+                            for i in range(count):
+                                row_y[i] = my[i] * grad_y[i]
+                            for i in range(count):
+                                row_z[i] = mz[i] * grad_z[i]
+                    else:
+                        for i in range(count):
                             at = p + i * dgrid_step
                             if padding == ZEROS:
                                 dgrid[at] = slope_x * grad_x[i]

@@ -224,7 +224,7 @@ class NumbaBackend:
             if want_dgrid:
                 unused = np.empty(0, np.int64)
                 _launch(kernel, [(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes,
-                                  False, True, False)], threads)
+                                  False, True)], threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         planes = batch * sizes[0]
@@ -249,9 +249,8 @@ class NumbaBackend:
                 slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                    dx_parts)
             _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, dgrid_parts), *shapes, False,
-                              True, False),
-                             (*operands, row_first, row_last, slabs, *shapes, True, False, False)], threads,
-                    together=True)
+                              True),
+                             (*operands, row_first, row_last, slabs, *shapes, True, False)], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread owns every plane and skips no row, so it needs no row ranges (rows left
         # at (0, 0) are walked); several threads need every row's depth range.
@@ -262,11 +261,11 @@ class NumbaBackend:
                                threads)
         else:
             slabs = np.array([[0, planes, 0, rows]], np.int64)
-        fused = coherent and threads == 1
-        launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused, fused)]
+        fused = coherent  # (only one thread gets here with a smooth grid)
+        launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused)]
         if want_dgrid and not fused:
-            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes,
-                                False, True, False))
+            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
+                                True))
         _launch(kernel, launches, threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
