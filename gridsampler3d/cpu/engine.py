@@ -261,7 +261,7 @@ class NumbaBackend:
                                threads)
         else:
             slabs = np.array([[0, planes, 0, rows]], np.int64)
-        fused = coherent  # (only one thread gets here with a smooth grid)
+        fused = coherent and channels < tuning.FUSED_CHANNELS  # (one thread here, with a smooth grid)
         launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused)]
         if want_dgrid and not fused:
             launches.insert(0, (*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
