@@ -112,8 +112,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
     skip rows that miss its planes (a part that owns every plane needs no row bounds:
     rows left at (0, 0) are walked). A part writes the grid gradient of every point in its
-    rows, so a pass that computes both outputs runs as one part. Nearest kernels compute dx only: their grid
-    gradient is zero. Every element of an output asked for is written, unless a part sets
+    rows, so a pass that computes both outputs runs as one part. Nearest kernels compute
+    dx only: their grid gradient is zero. Every element of an output asked for is written, unless a part sets
     ``unresolved[part]`` to 1: then the caller runs the kernel built with
     ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
     for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner scatters.

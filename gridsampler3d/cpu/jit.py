@@ -131,7 +131,7 @@ class Parallel:
         pool.run_parts(*self.launch(*operands))
 
     def launch(self, *operands):
-        """``(part kernel, operands with the scratch appended, part count)``: one launch for :func:`.pool.run_together`."""
+        """(part kernel, operands with the scratch appended, part count): a launch for :func:`.pool.run_together`."""
         parts = operands[self._parts_at]
         count = len(parts) if hasattr(parts, "__len__") else int(parts)
         if self._scratch is not None:
