@@ -59,18 +59,24 @@ def threads():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("smooth", [True, False], ids=["smooth", "random"])
-def test_results_do_not_depend_on_thread_count(dtype, smooth, threads):
-    """1, 2 and 3 threads give the same bits: for a smooth grid the fused walk (1 thread) and the grid gradient
-    beside dx (1 + 1 and 1 + 2 parts), for a random one the split passes."""
-    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype)
+@pytest.mark.parametrize("mode, data_format", [("bilinear", "NCDHW"), ("nearest", "NCDHW"), ("bilinear", "NDHWC")])
+def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format, threads):
+    """1, 2 and 3 threads give the same bits, over every way the engine splits the work.
+
+    A smooth grid: the fused walk (1 thread), the grid gradient beside dx (1 + 1 and 1 + 2
+    parts). A random one: the passes one after the other. dx of NCDHW data at 2 threads: two
+    channel groups; otherwise slabs of planes.
+    """
+    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:
         grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
     assert looks_coherent(grid, False, 9, False, 1, False, 1) == smooth
     results = []
     for count in (1, 2, 3):
         threads(count)
-        results.append(gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "border", backend="numba")
-                       + (gs.grid_sampler3d(x, grid, "bilinear", "border", backend="numba"),))
+        results.append(gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format,
+                                                  backend="numba")
+                       + (gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba"),))
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 

@@ -252,21 +252,37 @@ class NumbaBackend:
                               True),
                              (*operands, row_first, row_last, slabs, *shapes, True, False)], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
+        # One thread walks a smooth grid once for both outputs, below FUSED_CHANNELS; else
+        # the grid gradient takes a pass of its own, by rows, before dx.
+        fused = coherent and threads == 1 and channels < tuning.FUSED_CHANNELS
+        if want_dgrid and not fused:
+            _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
+                              True)], threads)
+        whole = np.array([[0, planes, 0, rows]], np.int64)
+        if threads == 2 and layout != torch.channels_last_3d and channels >= 2:
+            # dx by two channel groups, each part owning every plane of its channels: the two
+            # parts then share the planes they keep in the caches (a core's two hyperthreads
+            # here), where two slabs each kept their own (docs/cpu.md, "Parallel passes").
+            # Each part computes every point's taps.
+            half = channels // 2
+            groups = []
+            for low, high in ((0, half), (half, channels)):
+                (grad_group, grad_group_strides), (x_group, x_group_strides), (dx_group, dx_group_strides) = (
+                    _flat(tensor[:, low:high]) for tensor in (grad, x, dx))
+                groups.append((grad_group, grad_group_strides, x_group, x_group_strides, grid_flat, grid_strides,
+                               dx_group, dx_group_strides, dgrid_flat, dgrid_strides, row_first, row_last, whole,
+                               batch, high - low, sizes, out_sizes, True, False))
+            _launch(kernel, groups, threads, together=True)
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread owns every plane and skips no row, so it needs no row ranges (rows left
-        # at (0, 0) are walked); several threads need every row's depth range.
+        # at (0, 0) are walked); several slabs need every row's depth range.
+        slabs = whole
         if threads > 1:
             depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
                          row_last, threads)
             slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
                                threads)
-        else:
-            slabs = np.array([[0, planes, 0, rows]], np.int64)
-        fused = coherent and channels < tuning.FUSED_CHANNELS  # (one thread here, with a smooth grid)
-        launches = [(*operands, row_first, row_last, slabs, *shapes, True, fused)]
-        if want_dgrid and not fused:
-            launches.insert(0, (*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
-                                True))
-        _launch(kernel, launches, threads)
+        _launch(kernel, [(*operands, row_first, row_last, slabs, *shapes, True, fused)], threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod
