@@ -148,7 +148,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         dx_spatial = (dx_strides[2], dx_strides[3], dx_strides[4])
         # Contiguous channels: each tap's dx update runs over the channels innermost.
         channel_inner = channels >= VECTOR_CHANNELS and grad_strides[1] == 1 and dx_strides[1] == 1
-        # With zeros padding the multipliers are these constant slopes (coords.source_index).
+        # With zeros padding the multipliers are these constant slopes (coords.source_index);
+        # otherwise phase A leaves them per point in mx, my, mz.
+        zeros = padding == ZEROS
         unit = 1 if align_corners else 0
         slope_x, slope_y, slope_z = (sizes[2] - unit) * 0.5, (sizes[1] - unit) * 0.5, (sizes[0] - unit) * 0.5
         if voxels:
@@ -221,31 +223,18 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         row_x = dgrid[p:p + count]
                         row_y = dgrid[p + dgrid_component:p + dgrid_component + count]
                         row_z = dgrid[p + 2 * dgrid_component:p + 2 * dgrid_component + count]
-                        if padding == ZEROS:
-                            for i in range(count):
-                                row_x[i] = slope_x * grad_x[i]
-                            for i in range(count):
-                                row_y[i] = slope_y * grad_y[i]
-                            for i in range(count):
-                                row_z[i] = slope_z * grad_z[i]
-                        else:
-                            for i in range(count):
-                                row_x[i] = mx[i] * grad_x[i]
-                            for i in range(count):
-                                row_y[i] = my[i] * grad_y[i]
-                            for i in range(count):
-                                row_z[i] = mz[i] * grad_z[i]
+                        for i in range(count):
+                            row_x[i] = (slope_x if zeros else mx[i]) * grad_x[i]
+                        for i in range(count):
+                            row_y[i] = (slope_y if zeros else my[i]) * grad_y[i]
+                        for i in range(count):
+                            row_z[i] = (slope_z if zeros else mz[i]) * grad_z[i]
                     else:
                         for i in range(count):
                             at = p + i * dgrid_step
-                            if padding == ZEROS:
-                                dgrid[at] = slope_x * grad_x[i]
-                                dgrid[at + dgrid_component] = slope_y * grad_y[i]
-                                dgrid[at + 2 * dgrid_component] = slope_z * grad_z[i]
-                            else:
-                                dgrid[at] = mx[i] * grad_x[i]
-                                dgrid[at + dgrid_component] = my[i] * grad_y[i]
-                                dgrid[at + 2 * dgrid_component] = mz[i] * grad_z[i]
+                            dgrid[at] = (slope_x if zeros else mx[i]) * grad_x[i]
+                            dgrid[at + dgrid_component] = (slope_y if zeros else my[i]) * grad_y[i]
+                            dgrid[at + 2 * dgrid_component] = (slope_z if zeros else mz[i]) * grad_z[i]
                 if do_dx:
                     for i in range(count):
                         for tap in range(8):

@@ -217,40 +217,48 @@ class NumbaBackend:
                                    channels_last=layout == torch.channels_last_3d)
 
         rows = batch * out_sizes[0] * out_sizes[1]
+        planes = batch * sizes[0]
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                     dgrid_flat, dgrid_strides)
         shapes = (batch, channels, sizes, out_sizes)
         if not want_dx:
             if want_dgrid:
                 unused = np.empty(0, np.int64)
-                _launch(kernel, [(*operands, unused, unused, row_parts(rows, batch * sizes[0], threads), *shapes,
-                                  False, True)], threads)
+                _launch(kernel, [(*operands, unused, unused, row_parts(rows, planes, threads), *shapes, False, True)],
+                        threads)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        planes = batch * sizes[0]
         nearest = interpolation == Interpolation.NEAREST
-        reach = 1 if nearest else 2
         # Sampled rows judge whether the grid is smooth (its points' taps stay near each
         # other along a row), in torch, with no kernel to compile.
         row_step = max(1, rows // _SAMPLED_ROWS)
-        coherent = want_dgrid and looks_coherent(field, voxels, sizes[0], nearest, int(padding), align_corners,
-                                                 row_step)
+        whole = np.array([[0, planes, 0, rows]], np.int64)
+
+        def slabs(count):
+            """``count`` slabs of dx's planes, balanced by the points that reach them.
+
+            One slab owns every plane and skips no row, so it needs no row ranges (rows left
+            at (0, 0) are walked); several need every row's depth range.
+            """
+            if count == 1:
+                return whole
+            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
+                         row_last, count)
+            return plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2],
+                              1 if nearest else 2, count)
+
+        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
+        coherent = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS) and looks_coherent(
+            field, voxels, sizes[0], nearest, int(padding), align_corners, row_step)
         if threads > 1 and coherent:
             # The grid gradient on some threads while the others add dx: vector gathers on one,
             # the scalar scatter on the other, which share a core's ports better than two
-            # copies of the fused pass (docs/cpu.md, "Parallel passes"). One dx part owns
-            # every plane and needs no row ranges.
+            # copies of the fused pass (docs/cpu.md, "Parallel passes").
             dgrid_parts = threads // 2
-            dx_parts = threads - dgrid_parts
-            slabs = np.array([[0, planes, 0, rows]], np.int64)
-            if dx_parts > 1:
-                depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
-                             row_last, dx_parts)
-                slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
-                                   dx_parts)
             _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, dgrid_parts), *shapes, False,
                               True),
-                             (*operands, row_first, row_last, slabs, *shapes, True, False)], threads, together=True)
+                             (*operands, row_first, row_last, slabs(threads - dgrid_parts), *shapes, True, False)],
+                    threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread walks a smooth grid once for both outputs, below FUSED_CHANNELS; else
         # the grid gradient takes a pass of its own, by rows, before dx.
@@ -258,31 +266,20 @@ class NumbaBackend:
         if want_dgrid and not fused:
             _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
                               True)], threads)
-        whole = np.array([[0, planes, 0, rows]], np.int64)
         if threads == 2 and layout != torch.channels_last_3d and channels >= 2:
             # dx by two channel groups, each part owning every plane of its channels: the two
             # parts then share the planes they keep in the caches (a core's two hyperthreads
             # here), where two slabs each kept their own (docs/cpu.md, "Parallel passes").
             # Each part computes every point's taps.
-            half = channels // 2
             groups = []
-            for low, high in ((0, half), (half, channels)):
-                (grad_group, grad_group_strides), (x_group, x_group_strides), (dx_group, dx_group_strides) = (
-                    _flat(tensor[:, low:high]) for tensor in (grad, x, dx))
-                groups.append((grad_group, grad_group_strides, x_group, x_group_strides, grid_flat, grid_strides,
-                               dx_group, dx_group_strides, dgrid_flat, dgrid_strides, row_first, row_last, whole,
-                               batch, high - low, sizes, out_sizes, True, False))
+            for low, high in ((0, channels // 2), (channels // 2, channels)):
+                grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
+                groups.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
+                               dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
+                               out_sizes, True, False))
             _launch(kernel, groups, threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        # One thread owns every plane and skips no row, so it needs no row ranges (rows left
-        # at (0, 0) are walked); several slabs need every row's depth range.
-        slabs = whole
-        if threads > 1:
-            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
-                         row_last, threads)
-            slabs = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach,
-                               threads)
-        _launch(kernel, [(*operands, row_first, row_last, slabs, *shapes, True, fused)], threads)
+        _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused)], threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod
