@@ -65,7 +65,11 @@ def _read_status(field: str) -> int | None:
 
 
 def _release_free_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc), so that a new allocation shows in the peak."""
+    """Hand freed memory back to the OS (the CPU engine's cached outputs, then glibc's heap), so that a new
+    allocation shows in the peak."""
+    from ..cpu import buffers
+
+    buffers.release()
     try:
         import ctypes
 

@@ -4,6 +4,8 @@ No operand is copied for layout: NCDHW, channels-last and sliced tensors are rea
 place. float16 and bfloat16 operands are widened to float64 once (NumPy has no
 bfloat16), so that every sum that ends in half precision runs in float64 and is rounded
 once; float32 computes in float64 and stores in float32; float64 is exact throughout.
+Outputs and widened copies come from :func:`.buffers.empty` (blocks of earlier calls,
+already mapped).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..modes import Interpolation, Padding
 from .backward import backward_kernel
 from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
-from . import pool, tuning
+from . import buffers, pool, tuning
 from .plan import depth_ranges, looks_coherent, plan_slabs, row_parts
 
 __all__ = ["NumbaBackend"]
@@ -38,7 +40,10 @@ def _flat(tensor: torch.Tensor):
 
 
 def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dtype in _KERNEL_DTYPES else tensor.double()
+    """``tensor`` itself in float32 and float64; float16 and bfloat16 widened to float64 (:func:`.buffers.empty`)."""
+    if tensor.dtype in _KERNEL_DTYPES:
+        return tensor
+    return buffers.empty(tensor.shape, torch.float64, memory_format_of(tensor)).copy_(tensor)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -156,7 +161,7 @@ class NumbaBackend:
         x, field = _kernel_dtype(x), _kernel_dtype(field)
         batch, channels = x.shape[:2]
         grid_flat, grid_strides, out_sizes = self._field(field, voxels)
-        y = torch.empty((batch, channels) + out_sizes, dtype=x.dtype, memory_format=layout)
+        y = buffers.empty((batch, channels) + out_sizes, x.dtype, layout)
         threads = _threads(y.numel())
         x_flat, x_strides = _flat(x)
         y_flat, y_strides = _flat(y)
@@ -186,11 +191,11 @@ class NumbaBackend:
             dgrid_flat, dgrid_strides = dgrid.numpy(), (0, 0, 0, 0, 0)
         else:
             if voxels:
-                dgrid = torch.empty_like(field, memory_format=memory_format_of(field))
+                dgrid = buffers.empty(field.shape, field.dtype, memory_format_of(field))
             else:
-                dgrid = torch.empty(field.shape, dtype=field.dtype)
+                dgrid = buffers.empty(field.shape, field.dtype)
             dgrid_flat, dgrid_strides, _ = self._field(dgrid, voxels)
-        dx = torch.empty_like(x, memory_format=layout) if want_dx else torch.empty(0, dtype=x.dtype)
+        dx = buffers.empty(x.shape, x.dtype, layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
         if interpolation == Interpolation.BICUBIC:
             shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners, voxels)

@@ -1,4 +1,5 @@
 """Tuning constants of the CPU engine (they change speed, never results)."""
+import os
 
 # Channels-last data with at least this many channels runs the channel loop innermost
 # (contiguous, vectorised); fewer channels keep the points as the vector lanes instead.
@@ -21,3 +22,9 @@ PARALLEL_VALUES = 1 << 15
 # against the two passes: feat48 (32 channels) 0.91, fp64 (8) 0.76, cl64 and bf16 (16)
 # 1.01 and 0.98 of the time; reg128 and warp128 (1) 1.04 and 1.12, up2x (4) 1.03).
 FUSED_CHANNELS = 8
+
+# Released output blocks kept resident for later calls (.buffers), in bytes; 0 turns the
+# cache off. GRIDSAMPLER3D_CPU_CACHE_MB sets it at import. Outputs smaller than
+# CACHED_MIN_BYTES come from torch.empty: malloc reuses such blocks itself.
+CACHED_BYTES = int(float(os.environ.get("GRIDSAMPLER3D_CPU_CACHE_MB", "256")) * (1 << 20))
+CACHED_MIN_BYTES = 1 << 20
