@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 
 import numpy as np
@@ -119,3 +120,15 @@ def release() -> None:
         _take_in_returned()
         _free.clear()
         _free_bytes = 0
+
+
+def _fresh_state_in_child() -> None:
+    """A forked child starts with a lock of its own (another thread may have held the parent's) and no cache."""
+    global _lock, _free_bytes
+    _lock = threading.Lock()
+    _free.clear()
+    _free_bytes = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_state_in_child)
