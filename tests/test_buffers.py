@@ -94,3 +94,14 @@ def test_half_precision_temporaries_come_back_and_the_cache_turns_off(monkeypatc
     del y
     gc.collect()
     assert buffers.cached_bytes() == 0
+
+
+def test_freed_blocks_are_trimmed_at_once_and_oversized_ones_not_kept(monkeypatch):
+    monkeypatch.setattr(tuning, "CACHED_BYTES", 1 << 20)
+    huge = buffers.empty((1 << 19,), torch.float32)  # 2 MiB: more than the whole cache
+    kept = [buffers.empty((1 << 16,), torch.float32) for _ in range(6)]
+    del huge, kept
+    gc.collect()
+    # No call since: the finalisers themselves held the cache to its limit.
+    assert len(buffers._returned) == 0
+    assert 0 < buffers._free_bytes <= 1 << 20

@@ -39,7 +39,8 @@ _lock = threading.Lock()
 _free: collections.OrderedDict[int, list[np.ndarray]] = collections.OrderedDict()  # size -> blocks, oldest first
 _free_bytes = 0
 # Blocks come back from finalisers, which may run inside any allocation (the garbage
-# collector) and on any thread: they only append here, and the next call takes them in.
+# collector) and on any thread: they append here, and whoever holds the lock next takes
+# them in.
 _returned: collections.deque[np.ndarray] = collections.deque()
 
 
@@ -55,7 +56,19 @@ class _Lease:
                                     "strides": tuple(strides), "typestr": typestr, "version": 3}
 
     def __del__(self):
-        _returned.append(self.block)
+        try:
+            if self.block.size > tuning.CACHED_BYTES:
+                return  # larger than the whole cache: freed at once
+            _returned.append(self.block)
+            # Kept within the limit now where no call holds the lock (this finaliser may
+            # run inside one, on this thread or another); else by the next call.
+            if _lock.acquire(blocking=False):
+                try:
+                    _take_in_returned()
+                finally:
+                    _lock.release()
+        except (AttributeError, TypeError):  # at interpreter exit, this module's globals gone
+            pass
 
 
 def _take_in_returned() -> None:
