@@ -79,24 +79,25 @@ def _take_in_returned() -> None:
         _free.move_to_end(block.size)
         _free_bytes += block.size
     while _free_bytes > tuning.CACHED_BYTES and _free:
-        size, blocks = next(iter(_free.items()))
-        blocks.pop(0)
-        _free_bytes -= size
-        if not blocks:
-            del _free[size]
+        _take_out(next(iter(_free)), oldest=True)
+
+
+def _take_out(size: int, oldest: bool) -> np.ndarray:
+    """Remove a cached block of ``size`` bytes (one must be there): the oldest, or the one returned last."""
+    global _free_bytes
+    blocks = _free[size]
+    block = blocks.pop(0 if oldest else -1)
+    _free_bytes -= size
+    if not blocks:
+        del _free[size]
+    return block
 
 
 def _block(size: int) -> np.ndarray:
-    global _free_bytes
     with _lock:
         _take_in_returned()
-        blocks = _free.get(size)
-        if blocks:
-            _free_bytes -= size
-            block = blocks.pop()
-            if not blocks:
-                del _free[size]
-            return block
+        if size in _free:
+            return _take_out(size, oldest=False)
     return np.empty(size, np.uint8)
 
 
@@ -109,13 +110,12 @@ def empty(shape, dtype: torch.dtype, memory_format: torch.memory_format = torch.
     ``torch.empty``'s own.
     """
     shape = tuple(int(size) for size in shape)
-    itemsize = dtype.itemsize
-    nbytes = math.prod(shape) * itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if dtype not in _TYPESTR or nbytes < tuning.CACHED_MIN_BYTES or tuning.CACHED_BYTES <= 0:
         return torch.empty(shape, dtype=dtype, memory_format=memory_format)
     strides = torch.empty(shape, dtype=dtype, memory_format=memory_format, device="meta").stride()
     block = _block(-(-(nbytes + _ALIGN) // _GRAIN) * _GRAIN)
-    array = np.asarray(_Lease(block, shape, [stride * itemsize for stride in strides], _TYPESTR[dtype]))
+    array = np.asarray(_Lease(block, shape, [stride * dtype.itemsize for stride in strides], _TYPESTR[dtype]))
     return torch.from_numpy(array)
 
 

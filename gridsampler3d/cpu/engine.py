@@ -190,10 +190,8 @@ class NumbaBackend:
             dgrid = torch.empty(0, dtype=field.dtype)
             dgrid_flat, dgrid_strides = dgrid.numpy(), (0, 0, 0, 0, 0)
         else:
-            if voxels:
-                dgrid = buffers.empty(field.shape, field.dtype, memory_format_of(field))
-            else:
-                dgrid = buffers.empty(field.shape, field.dtype)
+            dgrid = buffers.empty(field.shape, field.dtype,
+                                  memory_format_of(field) if voxels else torch.contiguous_format)
             dgrid_flat, dgrid_strides, _ = self._field(dgrid, voxels)
         dx = buffers.empty(x.shape, x.dtype, layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
