@@ -4,7 +4,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 # pytest workers: one per core. Most of a cold run is single-threaded kernel compiles,
-# which the workers share through the on-disk cache.
+# which the workers share through the on-disk cache; tests marked xdist_group share a
+# worker (loadgroup), for fixtures too costly to build in each.
 TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -30,7 +31,7 @@ demo: venv
 	$(VENV)/bin/gridsampler3d demo --out out/demo
 
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 bench: venv
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png

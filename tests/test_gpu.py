@@ -278,6 +278,12 @@ def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
     assert reason is not None and "TRITON_INTERPRET" in reason
 
 
+# The tests of the compiled kernels share one worker (``make test`` runs ``--dist
+# loadgroup``): their fixture compiles every kernel for sm_90, 30 to 60 s, once per worker
+# that runs any of them.
+one_compile = pytest.mark.xdist_group("gpu-compile")
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """What tests/gpu_compile.py finds in each kernel compiled for sm_90 (no GPU needed), in a clean process.
@@ -293,6 +299,7 @@ def compiled(tmp_path_factory):
     return json.loads(findings.read_text())
 
 
+@one_compile
 def test_every_kernel_compiles_for_a_gpu(compiled):
     from gridsampler3d.gpu import backward, bicubic, forward
 
@@ -300,6 +307,7 @@ def test_every_kernel_compiles_for_a_gpu(compiled):
     assert {record["kernel"] for record in compiled} == kernels
 
 
+@one_compile
 def test_size_products_and_offsets_are_int64(compiled):
     """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
     wrapping = {f"{record['kernel']} {record['constants']}": record["int32_multiplies"] for record in compiled
@@ -307,6 +315,7 @@ def test_size_products_and_offsets_are_int64(compiled):
     assert not wrapping
 
 
+@one_compile
 def test_reflection_remainder_is_an_exact_fmod(compiled):
     """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
     reflecting = [record for record in compiled if "PADDING=2" in record["constants"]]
@@ -317,6 +326,7 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
         assert record["float_remainders"]["fmod"] > 0, record["kernel"]
 
 
+@one_compile
 def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
     """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
     gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
