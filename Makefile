@@ -4,8 +4,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 # pytest workers: one per core. Most of a cold run is single-threaded kernel compiles,
-# which the workers share through the on-disk cache; tests marked xdist_group share a
-# worker (loadgroup), for fixtures too costly to build in each.
+# which the workers share through the on-disk cache.
 TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -31,7 +30,7 @@ demo: venv
 	$(VENV)/bin/gridsampler3d demo --out out/demo
 
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 bench: venv
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png

@@ -3,6 +3,7 @@
 Without a GPU the kernels run on CPU tensors through Triton's interpreter (conftest sets
 TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
 """
+import fcntl
 import importlib.util
 import json
 import os
@@ -278,28 +279,32 @@ def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
     assert reason is not None and "TRITON_INTERPRET" in reason
 
 
-# The tests of the compiled kernels share one worker (``make test`` runs ``--dist
-# loadgroup``): their fixture compiles every kernel for sm_90, 30 to 60 s, once per worker
-# that runs any of them.
-one_compile = pytest.mark.xdist_group("gpu-compile")
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """What tests/gpu_compile.py finds in each kernel compiled for sm_90 (no GPU needed), in a clean process.
 
     The interpreter skips the compiler, so what only generated code shows is checked here."""
-    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    environment["TRITON_DEFAULT_FP_FUSION"] = "1"
-    findings = tmp_path_factory.mktemp("compiled") / "kernels.json"
-    script = Path(__file__).with_name("gpu_compile.py")
-    result = subprocess.run([sys.executable, str(script), "--json", str(findings)], env=environment,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    # The compile takes 30 to 60 s: under pytest-xdist the first worker to need it runs it
+    # and the others wait for its findings, in the run's shared temporary directory
+    # (a worker's own is a subdirectory of it; without xdist, the run's own).
+    run_directory = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_directory = run_directory.parent
+    findings = run_directory / "gpu-compile-kernels.json"
+    with open(run_directory / "gpu-compile.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not findings.exists():
+            environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+            environment["TRITON_DEFAULT_FP_FUSION"] = "1"
+            script = Path(__file__).with_name("gpu_compile.py")
+            partial = findings.with_suffix(".partial")
+            result = subprocess.run([sys.executable, str(script), "--json", str(partial)], env=environment,
+                                    capture_output=True, text=True, timeout=900)
+            assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+            partial.rename(findings)
     return json.loads(findings.read_text())
 
 
-@one_compile
 def test_every_kernel_compiles_for_a_gpu(compiled):
     from gridsampler3d.gpu import backward, bicubic, forward
 
@@ -307,7 +312,6 @@ def test_every_kernel_compiles_for_a_gpu(compiled):
     assert {record["kernel"] for record in compiled} == kernels
 
 
-@one_compile
 def test_size_products_and_offsets_are_int64(compiled):
     """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
     wrapping = {f"{record['kernel']} {record['constants']}": record["int32_multiplies"] for record in compiled
@@ -315,7 +319,6 @@ def test_size_products_and_offsets_are_int64(compiled):
     assert not wrapping
 
 
-@one_compile
 def test_reflection_remainder_is_an_exact_fmod(compiled):
     """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
     reflecting = [record for record in compiled if "PADDING=2" in record["constants"]]
@@ -326,7 +329,6 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
         assert record["float_remainders"]["fmod"] > 0, record["kernel"]
 
 
-@one_compile
 def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
     """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
     gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
