@@ -14,20 +14,32 @@ body made Numba type that body twice (once for the kernel, once for the outlined
 body) and analyse it for parallelism, which cost about half of each kernel's compile
 time; a small ``prange`` launcher calling the serial kernel still cost about 0.5 s of
 compile per kernel family.
+
+Both compile for the CPU the way :func:`.tuning.hardware_gathers_pay` decides: with
+hardware gathers for the taps' indexed loads, or, where gathers are slow (AMD Zen),
+with each lane's load a scalar load while the arithmetic stays vectorised. The choice
+changes machine code only, never a result.
 """
 from __future__ import annotations
 
 import inspect
 
-from numba import types
-from numba.core import cgutils
+import functools
+
+import llvmlite.binding
+from numba import config, types
+from numba.core import cgutils, lowering
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import register_pass
 from numba.core.dispatcher import _FunctionCompiler
-from numba.core.registry import CPUDispatcher
+from numba.core.registry import CPUDispatcher, cpu_target
+from numba.core.typed_passes import NativeLowering
 from numba.extending import intrinsic
 
 from . import pool
+from .tuning import hardware_gathers_pay
 
-__all__ = ["Parallel", "borrowed", "helper", "outlined_helper", "part_kernel", "zero_elements"]
+__all__ = ["Parallel", "borrowed", "gathers_in_use", "helper", "outlined_helper", "part_kernel", "zero_elements"]
 
 _OPTIONS = {"nopython": True, "error_model": "numpy", "nogil": True, "boundscheck": None}
 
@@ -80,9 +92,70 @@ class _NoAliasCompiler(_FunctionCompiler):
         return flags
 
 
+@functools.cache
+def _cpu_name() -> str:
+    """The LLVM name of the CPU Numba compiles for (``NUMBA_CPU_NAME`` or this machine's)."""
+    return config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
+
+
+@functools.cache
+def _features_without_gathers() -> str:
+    """The ``target-features`` function attribute that turns LLVM's gathers into scalar loads.
+
+    A function's ``target-features`` replaces the target machine's feature string for that
+    function, so it is Numba's own string plus the tuning flag ``prefer-no-gather`` (with
+    it LLVM's vectoriser loads each lane of an indexed load on its own and keeps the
+    arithmetic in vectors). Every kernel and helper of the engine gets the same string, so
+    LLVM still inlines the helpers into the kernels.
+    """
+    features = getattr(cpu_target.target_context.codegen(), "_tm_features", None)
+    if features is None:
+        features = config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
+    return f'"target-features"="{features},+prefer-no-gather"'
+
+
+class _NoGatherLower(lowering.Lower):
+    """Numba's lowering, with the functions it defines marked to compile without hardware gathers."""
+
+    def post_lower(self):
+        super().post_lower()
+        marker = _features_without_gathers()
+        for function in self.module.functions:
+            if function.blocks:
+                # llvmlite knows no string attributes; the set's entries are written out as
+                # they are, after the function's signature.
+                set.add(function.attributes, marker)
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _NoGatherLowering(NativeLowering):
+    _name = "gridsampler3d_no_gather_lowering"
+
+    @property
+    def lowering_class(self):
+        return _NoGatherLower
+
+
+class _NoGatherPipeline(CompilerBase):
+    """Numba's nopython pipeline with :class:`_NoGatherLowering` in place of its lowering pass."""
+
+    def define_pipelines(self):
+        manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        manager.passes = [(_NoGatherLowering if step is NativeLowering else step, description)
+                          for step, description in manager.passes]
+        manager.finalize()
+        return [manager]
+
+
+def gathers_in_use() -> bool:
+    """Whether the engine's kernels compile their indexed loads to hardware gathers on this CPU."""
+    return hardware_gathers_pay(_cpu_name())
+
+
 def _compile_without_aliases(dispatcher):
+    pipeline = dispatcher._compiler.pipeline_class if gathers_in_use() else _NoGatherPipeline
     dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
-                                            dispatcher._compiler.pipeline_class)
+                                            pipeline)
 
 
 def part_kernel(func, cache: bool = True):

@@ -28,3 +28,14 @@ FUSED_CHANNELS = 8
 # CACHED_MIN_BYTES come from torch.empty: malloc reuses such blocks itself.
 CACHED_BYTES = int(float(os.environ.get("GRIDSAMPLER3D_CPU_CACHE_MB", "256")) * (1 << 20))
 CACHED_MIN_BYTES = 1 << 20
+
+
+def hardware_gathers_pay(cpu_name: str) -> bool:
+    """Whether the kernels' indexed loads (the taps) should be hardware gathers on CPU ``cpu_name`` (LLVM's name).
+
+    Intel's AVX-512 gathers (Skylake-SP and later Xeons) are what the kernels were tuned
+    with. AMD Zen microcodes them: on Zen 4 (``znver4``) the same kernels built with
+    scalar loads per lane ran the one-thread forward 1.3 to 1.9 times faster
+    (docs/cpu.md, "Gathers"), so every Zen CPU gets scalar loads.
+    """
+    return not cpu_name.startswith("znver")
