@@ -29,6 +29,7 @@ import functools
 import llvmlite.binding
 from numba import config, types
 from numba.core import cgutils, lowering
+from numba.core.caching import FunctionCache
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import register_pass
 from numba.core.dispatcher import _FunctionCompiler
@@ -58,7 +59,7 @@ def _declare(func, **options):
     options = {**_OPTIONS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True, **options}
     dispatcher = _PlainTypeDispatcher(py_func=func, locals={}, targetoptions=options)
     _compile_without_aliases(dispatcher)
-    dispatcher.enable_caching()
+    _enable_caching(dispatcher)
     return dispatcher
 
 
@@ -152,6 +153,21 @@ def gathers_in_use() -> bool:
     return hardware_gathers_pay(_cpu_name())
 
 
+class _BuildCache(FunctionCache):
+    """Numba's disk cache with the build (gathers or lane-by-lane loads) in every entry's key.
+
+    Numba keys an entry by signature, CPU and the function's code; the build is none of
+    them, so without it a cache written by the other build would be loaded as it is.
+    """
+
+    def _index_key(self, sig, codegen):
+        return (*super()._index_key(sig, codegen), "gathers" if gathers_in_use() else "lane loads")
+
+
+def _enable_caching(dispatcher):
+    dispatcher._cache = _BuildCache(dispatcher.py_func)
+
+
 def _compile_without_aliases(dispatcher):
     pipeline = dispatcher._compiler.pipeline_class if gathers_in_use() else _NoGatherPipeline
     dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
@@ -176,7 +192,7 @@ def part_kernel(func, cache: bool = True):
     dispatcher = CPUDispatcher(py_func=func, locals={}, targetoptions=dict(_OPTIONS))
     _compile_without_aliases(dispatcher)
     if cache:
-        dispatcher.enable_caching()
+        _enable_caching(dispatcher)
     return dispatcher
 
 
