@@ -100,6 +100,35 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
         assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_a_random_grid_adds_dx_a_channel_group_at_a_time(mode, threads, monkeypatch):
+    """dx of a random grid, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads."""
+    from gridsampler3d.cpu import pool, tuning
+
+    grad, x, grid = _with_nonfinite(*make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64, low=-1.1, high=1.1))
+    assert not looks_coherent(grid, False, 6, mode == "nearest", 1, False, 1)
+    # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels.
+    monkeypatch.setattr(tuning, "SCATTER_CACHE_BYTES", 2 * 6 * 7 * 8 * 8)
+    golden = precision.golden_backward(grad, x, grid, mode, "border", False)
+    rounds = []
+    run_together = pool.run_together
+
+    def counted(launches):
+        rounds.append(len(launches))
+        run_together(launches)
+
+    monkeypatch.setattr(pool, "run_together", counted)
+    for count in (1, 2, 3):
+        threads(count)
+        rounds.clear()
+        ours = gs.grid_sampler3d_backward(grad, x, grid, mode, "border", False, backend="numba")
+        assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
+        # the three launches of dx, as many at once as the engine runs threads, come last
+        running = min(count, numba.config.NUMBA_NUM_THREADS)
+        expected = [min(running, 3 - first) for first in range(0, 3, running)]
+        assert rounds[-len(expected):] == expected, rounds
+
+
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, one part per thread."""
     from conftest import DEFAULT_PARALLEL_VALUES

@@ -250,9 +250,15 @@ class NumbaBackend:
             return plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2],
                               1 if nearest else 2, count)
 
+        # dx a few channels at a time is a candidate where one batch's dx outgrows a core's cache.
+        plane_bytes = sizes[0] * sizes[1] * sizes[2] * dx.element_size()
+        group = max(1, tuning.SCATTER_CACHE_BYTES // plane_bytes)
+        by_channels = want_dx and layout != torch.channels_last_3d and channels > group
         # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
-        coherent = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS) and looks_coherent(
-            field, voxels, sizes[0], nearest, int(padding), align_corners, row_step)
+        verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
+        smooth = (verdict_counts or by_channels) and looks_coherent(field, voxels, sizes[0], nearest, int(padding),
+                                                                     align_corners, row_step)
+        coherent = verdict_counts and smooth
         if threads > 1 and coherent:
             # The grid gradient on some threads while the others add dx: vector gathers on one,
             # the scalar scatter on the other, which share a core's ports better than two
@@ -269,6 +275,21 @@ class NumbaBackend:
         if want_dgrid and not fused:
             _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
                               True)], threads)
+        if by_channels and not smooth:
+            # A random grid scatters every channel's taps over its whole plane: dx a group of
+            # channels at a time keeps the group's planes in the cache while every point adds
+            # into them (each launch computes every point's taps again), the groups of one
+            # round on the threads at once. Each voxel still sums in point order.
+            launches = []
+            for low in range(0, channels, group):
+                high = min(low + group, channels)
+                grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
+                launches.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
+                                 dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
+                                 out_sizes, True, False))
+            for first in range(0, len(launches), threads):
+                _launch(kernel, launches[first:first + threads], threads, together=True)
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
         if threads == 2 and layout != torch.channels_last_3d and channels >= 2:
             # dx by two channel groups, each part owning every plane of its channels: the two
             # parts then share the planes they keep in the caches (a core's two hyperthreads
