@@ -101,8 +101,8 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-def test_a_random_grid_adds_dx_a_channel_group_at_a_time(mode, threads, monkeypatch):
-    """dx of a random grid, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads."""
+def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch):
+    """A random grid's dx and forward, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads."""
     from gridsampler3d.cpu import pool, tuning
 
     grad, x, grid = _with_nonfinite(*make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64, low=-1.1, high=1.1))
@@ -127,6 +127,10 @@ def test_a_random_grid_adds_dx_a_channel_group_at_a_time(mode, threads, monkeypa
         running = min(count, numba.config.NUMBA_NUM_THREADS)
         expected = [min(running, 3 - first) for first in range(0, 3, running)]
         assert rounds[-len(expected):] == expected, rounds
+        # The forward too: three launches, one after the other.
+        rounds.clear()
+        y = gs.grid_sampler3d(x, grid, mode, "border", False, backend="numba")
+        assert _equal(y, precision.golden_forward(x, grid, mode, "border", False)) and rounds == [1, 1, 1]
 
 
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):

@@ -10,6 +10,7 @@ already mapped).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -29,6 +30,11 @@ __all__ = ["NumbaBackend"]
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 # With one thread, whether a grid is smooth is judged from about this many of its rows.
 _SAMPLED_ROWS = 256
+
+
+def _channel_group(volume: torch.Tensor) -> int:
+    """How many channel planes of ``volume`` (N, C, D, H, W) a random grid's pass takes at a time (at least one)."""
+    return max(1, tuning.SCATTER_CACHE_BYTES // max(1, math.prod(volume.shape[2:]) * volume.element_size()))
 
 
 def _flat(tensor: torch.Tensor):
@@ -170,9 +176,22 @@ class NumbaBackend:
             bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
                                align_corners, voxels)
         else:
-            _launch(functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
-                                      channels_last=layout == torch.channels_last_3d),
-                    [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)], threads)
+            kernel = functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
+                                       channels_last=layout == torch.channels_last_3d)
+            group = _channel_group(x)
+            if layout != torch.channels_last_3d and channels > group and not looks_coherent(
+                    field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, int(padding), align_corners,
+                    max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS)):
+                # A random grid gathers from all over every channel's plane: a group of
+                # channels at a time, as dx (see _backward), each group's rows split among
+                # the threads.
+                for low in range(0, channels, group):
+                    high = min(low + group, channels)
+                    _launch(kernel, [(*_flat(x[:, low:high]), grid_flat, grid_strides, *_flat(y[:, low:high]), batch,
+                                      high - low, *shapes[2:], threads)], threads)
+            else:
+                _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)],
+                        threads)
         return round_once(y, dtype).contiguous(memory_format=layout)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
@@ -251,8 +270,7 @@ class NumbaBackend:
                               1 if nearest else 2, count)
 
         # dx a few channels at a time is a candidate where one batch's dx outgrows a core's cache.
-        plane_bytes = sizes[0] * sizes[1] * sizes[2] * dx.element_size()
-        group = max(1, tuning.SCATTER_CACHE_BYTES // plane_bytes)
+        group = _channel_group(dx) if want_dx else channels
         by_channels = want_dx and layout != torch.channels_last_3d and channels > group
         # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
         verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
