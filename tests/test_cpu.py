@@ -102,14 +102,21 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch):
-    """A random grid's dx and forward, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads."""
+    """A random grid's passes, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads.
+
+    The grid gradient's groups continue each other's sums; a far reflection (libm's
+    remainder) makes them all run again with the exact kernel.
+    """
     from gridsampler3d.cpu import pool, tuning
 
     grad, x, grid = _with_nonfinite(*make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64, low=-1.1, high=1.1))
-    assert not looks_coherent(grid, False, 6, mode == "nearest", 1, False, 1)
+    grid[1, 2, 3, 4, 0] = 7.5  # past two spans
+    assert not looks_coherent(grid, False, 6, mode == "nearest", 2, False, 1)
+    float32_case = [tensor.float() for tensor in make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64)]
+    in_one_pass = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
     # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels.
     monkeypatch.setattr(tuning, "SCATTER_CACHE_BYTES", 2 * 6 * 7 * 8 * 8)
-    golden = precision.golden_backward(grad, x, grid, mode, "border", False)
+    golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
     rounds = []
     run_together = pool.run_together
 
@@ -121,16 +128,20 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
     for count in (1, 2, 3):
         threads(count)
         rounds.clear()
-        ours = gs.grid_sampler3d_backward(grad, x, grid, mode, "border", False, backend="numba")
+        ours = gs.grid_sampler3d_backward(grad, x, grid, mode, "reflection", False, backend="numba")
         assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
-        # the three launches of dx, as many at once as the engine runs threads, come last
+        # The three launches of dx, as many at once as the engine runs threads, come last,
+        # each round twice (the far point flags every launch).
         running = min(count, numba.config.NUMBA_NUM_THREADS)
-        expected = [min(running, 3 - first) for first in range(0, 3, running)]
+        expected = [min(running, 3 - first) for first in range(0, 3, running) for _ in range(2)]
         assert rounds[-len(expected):] == expected, rounds
-        # The forward too: three launches, one after the other.
+        # The forward too: three launches, one after the other, each twice.
         rounds.clear()
-        y = gs.grid_sampler3d(x, grid, mode, "border", False, backend="numba")
-        assert _equal(y, precision.golden_forward(x, grid, mode, "border", False)) and rounds == [1, 1, 1]
+        y = gs.grid_sampler3d(x, grid, mode, "reflection", False, backend="numba")
+        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False)) and rounds == [1] * 6
+    # float32: the separable grid gradient continued across groups gives the one-pass bits.
+    in_groups = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
+    assert all(torch.equal(a, b) for a, b in zip(in_groups, in_one_pass))
 
 
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
@@ -207,7 +218,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
             kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                    dgrid.numpy().reshape(-1), dgrid.stride(), row_first, row_last, work, *shapes, want_dx,
-                   want_dgrid, unresolved)
+                   want_dgrid, np.empty(0), 0, unresolved)
             assert not unresolved.any()
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it
@@ -418,16 +429,18 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
 
     helpers = (block.trilinear_cells, block._point, coords.source_index, coords.reflect_with_grad)
     _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
-    grad = torch.ones(1, 1, 2, 2, 2)
 
-    def run(padding, align_corners):
+    def compile_forward(padding, align_corners):
+        """Compile the mode's forward kernel anew (not from the disk cache, which would type no helper)."""
         gs.grid_sampler3d(x, grid, "bilinear", padding, align_corners, backend="numba")
-        gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, align_corners, backend="numba")
+        kernel = forward_kernel(0, int(gs.Padding[padding.upper()]), align_corners, False, False, channels_last=False)
+        signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
+        part_kernel(kernel.py_func, cache=False).compile(signature)
 
-    run("reflection", False)
+    compile_forward("reflection", False)
     counts = [len(helper.signatures) for helper in helpers]
     for padding, align_corners in itertools.product(["zeros", "border", "reflection"], [False, True]):
-        run(padding, align_corners)
+        compile_forward(padding, align_corners)
     # A literal-typed helper would gain a signature per padding and align_corners value.
     assert [len(helper.signatures) for helper in helpers] == counts
 

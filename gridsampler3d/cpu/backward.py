@@ -101,7 +101,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
     dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, unresolved, part)`` computes part ``part`` of the pass (returned
+    want_dgrid, carry, carry_mode, unresolved, part)`` computes part ``part`` of the pass (returned
     as one parallel kernel, :class:`.jit.Parallel`, called without ``part``, which runs
     every part at once): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
     and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
@@ -113,7 +113,11 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     skip rows that miss its planes (a part that owns every plane needs no row bounds:
     rows left at (0, 0) are walked). A part writes the grid gradient of every point in its
     rows, so a pass that computes both outputs runs as one part. Nearest kernels compute
-    dx only: their grid gradient is zero. Every element of an output asked for is written, unless a part sets
+    dx only: their grid gradient is zero. ``carry`` (float64, 3 * N * Do * Ho * Wo: the x, y
+    and z sums of every point, as rows of points) lets a grid gradient run as several passes
+    over groups of channels, each continuing the sums of the one before in PyTorch's order:
+    ``carry_mode`` 0 sums from zero into ``dgrid`` (one pass), 1 from zero into ``carry``, 2
+    from ``carry`` into ``carry``, 3 from ``carry`` into ``dgrid``. Every element of an output asked for is written, unless a part sets
     ``unresolved[part]`` to 1: then the caller runs the kernel built with
     ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
     for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner scatters.
@@ -124,7 +128,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     @part_kernel
     def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
                dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
-               out_sizes, want_dx, want_dgrid, unresolved_operand, reals, integers, part):
+               out_sizes, want_dx, want_dgrid, carry_operand, carry_mode, unresolved_operand, reals, integers, part):
         grad = borrowed(grad_operand)
         x = borrowed(x_operand)
         grid = borrowed(grid_operand)
@@ -133,6 +137,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         row_first = borrowed(row_first_operand)
         row_last = borrowed(row_last_operand)
         unresolved = borrowed(unresolved_operand)
+        carry = borrowed(carry_operand)
+        points = carry.size // 3  # each component's row of sums in carry
         # This part's rows of the scratch arrays (see _scratch)
         sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z = reals
         sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
@@ -210,6 +216,18 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     continue
                 if want_dgrid:
                     masked_offsets(count, corner, inside, x_spatial, offsets)
+                    at = row * out_width + start  # the block's first point in carry
+                    if carry_mode >= 2:  # continue the sums of the channels before
+                        for i in range(count):
+                            grad_x[i] = carry[at + i]
+                        for i in range(count):
+                            grad_y[i] = carry[points + at + i]
+                        for i in range(count):
+                            grad_z[i] = carry[2 * points + at + i]
+                    else:
+                        grad_x[:count] = 0.0
+                        grad_y[:count] = 0.0
+                        grad_z[:count] = 0.0
                     if exact:
                         _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
                                        sides, inside, offsets, grad_x, grad_y, grad_z)
@@ -217,7 +235,14 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
                                                  channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
                     p = first_dgrid + start * dgrid_step
-                    if voxels and dgrid_step == 1:
+                    if carry_mode == 1 or carry_mode == 2:  # channels after these follow
+                        for i in range(count):
+                            carry[at + i] = grad_x[i]
+                        for i in range(count):
+                            carry[points + at + i] = grad_y[i]
+                        for i in range(count):
+                            carry[2 * points + at + i] = grad_z[i]
+                    elif voxels and dgrid_step == 1:
                         # A displacement's components are three contiguous rows: stored through
                         # views, each in a loop of its own, the stores vectorise (docs/cpu.md).
                         row_x = dgrid[p:p + count]
@@ -258,11 +283,9 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
     """Per point i: grad_x/y/z[i] = sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad.
 
     PyTorch's terms in PyTorch's order, vectorised across the points; an outside tap's
-    term is not added (its gather reads a valid element that the tap's bit discards).
+    term is not added (its gather reads a valid element that the tap's bit discards). The
+    sums continue from what grad_x/y/z hold (zero, or the sums of channels before).
     """
-    grad_x[:count] = 0.0
-    grad_y[:count] = 0.0
-    grad_z[:count] = 0.0
     for c in range(channels):
         source = x_batch + c * x_strides[1]
         at = grad_at + c * grad_strides[1]
@@ -292,7 +315,8 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
 
     d/d ix = sum over the four (y, z) edges of (wy * wz) * (x[high x] - x[low x]), and so
     on per axis; outside taps read as 0. The pair weights depend on the point only, so
-    each channel costs 8 gathers and about 35 operations instead of about 100.
+    each channel costs 8 gathers and about 35 operations instead of about 100. The sums
+    continue from what grad_x/y/z hold, as in :func:`_grid_gradient`.
     """
     for pair in range(12):
         # pair = 4 * axis + edge: the product of the other two axes' sides (edge & 1, edge >> 1)
@@ -301,9 +325,6 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
         second = 2 + high if axis == 2 else 4 + high
         for i in range(count):  # one store per loop, so that it vectorises
             pairs[slot(pair, i)] = sides[slot(first, i)] * sides[slot(second, i)]
-    grad_x[:count] = 0.0
-    grad_y[:count] = 0.0
-    grad_z[:count] = 0.0
     for c in range(channels):
         source = x_batch + c * x_strides[1]
         at = grad_at + c * grad_strides[1]

@@ -243,18 +243,55 @@ class NumbaBackend:
         operands = (grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
                     dgrid_flat, dgrid_strides)
         shapes = (batch, channels, sizes, out_sizes)
-        if not want_dx:
-            if want_dgrid:
-                unused = np.empty(0, np.int64)
-                _launch(kernel, [(*operands, unused, unused, row_parts(rows, planes, threads), *shapes, False, True)],
-                        threads)
-            return self._finish(dx, dgrid, dtype, layout, output_mask)
+        no_carry = np.empty(0)  # see backward_kernel: every grid gradient in one pass
         row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
         nearest = interpolation == Interpolation.NEAREST
         # Sampled rows judge whether the grid is smooth (its points' taps stay near each
         # other along a row), in torch, with no kernel to compile.
         row_step = max(1, rows // _SAMPLED_ROWS)
         whole = np.array([[0, planes, 0, rows]], np.int64)
+        # A pass a few channels at a time is a candidate where one batch's planes outgrow a
+        # core's cache (dx's planes for dx, x's for the grid gradient).
+        group = _channel_group(dx) if want_dx else channels
+        dgrid_group = _channel_group(x) if want_dgrid else channels
+        by_channels = want_dx and layout != torch.channels_last_3d and channels > group
+        dgrid_by_channels = want_dgrid and layout != torch.channels_last_3d and channels > dgrid_group
+        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
+        verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
+        smooth = (dgrid_by_channels or (want_dx and (verdict_counts or by_channels))) and looks_coherent(
+            field, voxels, sizes[0], nearest, int(padding), align_corners, row_step)
+        coherent = verdict_counts and smooth
+
+        def dgrid_pass():
+            """The grid gradient's pass by rows: a random grid's a group of channels at a time.
+
+            Each group's pass continues the sums of the groups before it (``carry``), in
+            PyTorch's order; a far reflection in any group reruns them all exactly.
+            """
+            if smooth or not dgrid_by_channels:
+                _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
+                                  True, no_carry, 0)], threads)
+                return
+            carry = np.empty(3 * rows * out_sizes[2])
+            for exact_remainder in (False, True):
+                pass_kernel = kernel(exact_remainder)
+                unresolved = np.zeros(threads, np.int64)
+                for low in range(0, channels, dgrid_group):
+                    high = min(low + dgrid_group, channels)
+                    mode = 3 if high == channels else (1 if low == 0 else 2)
+                    pass_kernel(*_flat(grad[:, low:high]), *_flat(x[:, low:high]), grid_flat, grid_strides, dx_flat,
+                                dx_strides, dgrid_flat, dgrid_strides, row_first, row_last,
+                                row_parts(rows, planes, threads), batch, high - low, sizes, out_sizes, False, True,
+                                carry, mode, unresolved)
+                    if unresolved.any():
+                        break
+                else:
+                    return
+
+        if not want_dx:
+            if want_dgrid:
+                dgrid_pass()
+            return self._finish(dx, dgrid, dtype, layout, output_mask)
 
         def slabs(count):
             """``count`` slabs of dx's planes, balanced by the points that reach them.
@@ -269,30 +306,22 @@ class NumbaBackend:
             return plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2],
                               1 if nearest else 2, count)
 
-        # dx a few channels at a time is a candidate where one batch's dx outgrows a core's cache.
-        group = _channel_group(dx) if want_dx else channels
-        by_channels = want_dx and layout != torch.channels_last_3d and channels > group
-        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
-        verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
-        smooth = (verdict_counts or by_channels) and looks_coherent(field, voxels, sizes[0], nearest, int(padding),
-                                                                     align_corners, row_step)
-        coherent = verdict_counts and smooth
         if threads > 1 and coherent:
             # The grid gradient on some threads while the others add dx: vector gathers on one,
             # the scalar scatter on the other, which share a core's ports better than two
             # copies of the fused pass (docs/cpu.md, "Parallel passes").
             dgrid_parts = threads // 2
             _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, dgrid_parts), *shapes, False,
-                              True),
-                             (*operands, row_first, row_last, slabs(threads - dgrid_parts), *shapes, True, False)],
+                              True, no_carry, 0),
+                             (*operands, row_first, row_last, slabs(threads - dgrid_parts), *shapes, True, False,
+                              no_carry, 0)],
                     threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread walks a smooth grid once for both outputs, below FUSED_CHANNELS; else
         # the grid gradient takes a pass of its own, by rows, before dx.
         fused = coherent and threads == 1 and channels < tuning.FUSED_CHANNELS
         if want_dgrid and not fused:
-            _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
-                              True)], threads)
+            dgrid_pass()
         if by_channels and not smooth:
             # A random grid scatters every channel's taps over its whole plane: dx a group of
             # channels at a time keeps the group's planes in the cache while every point adds
@@ -304,7 +333,7 @@ class NumbaBackend:
                 grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
                 launches.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
                                  dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
-                                 out_sizes, True, False))
+                                 out_sizes, True, False, no_carry, 0))
             for first in range(0, len(launches), threads):
                 _launch(kernel, launches[first:first + threads], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
@@ -318,10 +347,10 @@ class NumbaBackend:
                 grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
                 groups.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
                                dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
-                               out_sizes, True, False))
+                               out_sizes, True, False, no_carry, 0))
             _launch(kernel, groups, threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused)], threads)
+        _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused, no_carry, 0)], threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod
