@@ -72,15 +72,15 @@ def phases(case, repeats: int) -> dict[str, float]:
     backward = backward_kernel(*codes, case.dtype == "float64", False, False, channels_last=channels_last)
     operands = (*_flat(grad), *_flat(x), grid_flat, grid_strides, *_flat(dx), dgrid.numpy().reshape(-1),
                 dgrid.stride(), row_first, row_last)
-    no_carry = np.empty(0)  # each grid gradient in one pass (see backward_kernel)
+    one_pass = (np.empty(0), 0)  # no carry: each grid gradient in one pass (see backward_kernel)
     if case.mode != "nearest":
-        times["dgrid"] = _median_ms(lambda: backward(*operands, rows_only, *shapes, False, True, no_carry, 0, unresolved),
-                                    repeats)
-    times["dx"] = _median_ms(lambda: backward(*operands, slabs, *shapes, True, False, no_carry, 0, unresolved), repeats)
+        times["dgrid"] = _median_ms(lambda: backward(*operands, rows_only, *shapes, False, True, *one_pass,
+                                                     unresolved), repeats)
+    times["dx"] = _median_ms(lambda: backward(*operands, slabs, *shapes, True, False, *one_pass, unresolved), repeats)
     if case.mode != "nearest":
         whole = np.array([[0, batch * sizes[0], 0, rows]], np.int64)  # one part, as one thread runs it
-        times["fused"] = _median_ms(lambda: backward(*operands, whole, *shapes, True, True, no_carry, 0, unresolved[:1]),
-                                    repeats)
+        times["fused"] = _median_ms(lambda: backward(*operands, whole, *shapes, True, True, *one_pass,
+                                                     unresolved[:1]), repeats)
     mode, padding = codes[0], codes[1]
     times["torch forward"] = _median_ms(lambda: torch.grid_sampler_3d(x, grid, mode, padding, case.align_corners),
                                         repeats)

@@ -117,8 +117,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     and z sums of every point, as rows of points) lets a grid gradient run as several passes
     over groups of channels, each continuing the sums of the one before in PyTorch's order:
     ``carry_mode`` 0 sums from zero into ``dgrid`` (one pass), 1 from zero into ``carry``, 2
-    from ``carry`` into ``carry``, 3 from ``carry`` into ``dgrid``. Every element of an output asked for is written, unless a part sets
-    ``unresolved[part]`` to 1: then the caller runs the kernel built with
+    from ``carry`` into ``carry``, 3 from ``carry`` into ``dgrid``. Every element of an
+    output asked for is written, unless a part sets ``unresolved[part]`` to 1: then the
+    caller runs the kernel built with
     ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
     for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner scatters.
     """

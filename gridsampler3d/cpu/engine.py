@@ -262,6 +262,13 @@ class NumbaBackend:
             field, voxels, sizes[0], nearest, int(padding), align_corners, row_step)
         coherent = verdict_counts and smooth
 
+        def channel_slice(low, high, parts, want_dx_here, want_dgrid_here, carry=no_carry, carry_mode=0):
+            """The operands of a launch over channels low .. high - 1 only (each computes every point's taps)."""
+            return (*_flat(grad[:, low:high]), *_flat(x[:, low:high]), grid_flat, grid_strides,
+                    *(_flat(dx[:, low:high]) if want_dx else (dx_flat, dx_strides)), dgrid_flat, dgrid_strides,
+                    row_first, row_last, parts, batch, high - low, sizes, out_sizes, want_dx_here, want_dgrid_here,
+                    carry, carry_mode)
+
         def dgrid_pass():
             """The grid gradient's pass by rows: a random grid's a group of channels at a time.
 
@@ -279,10 +286,8 @@ class NumbaBackend:
                 for low in range(0, channels, dgrid_group):
                     high = min(low + dgrid_group, channels)
                     mode = 3 if high == channels else (1 if low == 0 else 2)
-                    pass_kernel(*_flat(grad[:, low:high]), *_flat(x[:, low:high]), grid_flat, grid_strides, dx_flat,
-                                dx_strides, dgrid_flat, dgrid_strides, row_first, row_last,
-                                row_parts(rows, planes, threads), batch, high - low, sizes, out_sizes, False, True,
-                                carry, mode, unresolved)
+                    pass_kernel(*channel_slice(low, high, row_parts(rows, planes, threads), False, True, carry, mode),
+                                unresolved)
                     if unresolved.any():
                         break
                 else:
@@ -327,13 +332,8 @@ class NumbaBackend:
             # channels at a time keeps the group's planes in the cache while every point adds
             # into them (each launch computes every point's taps again), the groups of one
             # round on the threads at once. Each voxel still sums in point order.
-            launches = []
-            for low in range(0, channels, group):
-                high = min(low + group, channels)
-                grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
-                launches.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
-                                 dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
-                                 out_sizes, True, False, no_carry, 0))
+            launches = [channel_slice(low, min(low + group, channels), whole, True, False)
+                        for low in range(0, channels, group)]
             for first in range(0, len(launches), threads):
                 _launch(kernel, launches[first:first + threads], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
@@ -342,13 +342,9 @@ class NumbaBackend:
             # parts then share the planes they keep in the caches (a core's two hyperthreads
             # here), where two slabs each kept their own (docs/cpu.md, "Parallel passes").
             # Each part computes every point's taps.
-            groups = []
-            for low, high in ((0, channels // 2), (channels // 2, channels)):
-                grad_group, x_group, dx_group = (tensor[:, low:high] for tensor in (grad, x, dx))
-                groups.append((*_flat(grad_group), *_flat(x_group), grid_flat, grid_strides, *_flat(dx_group),
-                               dgrid_flat, dgrid_strides, row_first, row_last, whole, batch, high - low, sizes,
-                               out_sizes, True, False, no_carry, 0))
-            _launch(kernel, groups, threads, together=True)
+            half = channels // 2
+            _launch(kernel, [channel_slice(0, half, whole, True, False),
+                             channel_slice(half, channels, whole, True, False)], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused, no_carry, 0)], threads)
         return self._finish(dx, dgrid, dtype, layout, output_mask)
