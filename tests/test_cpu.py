@@ -104,8 +104,8 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
 def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch):
     """A random grid's passes, a few channel planes at a time: float64 bitwise PyTorch's at 1, 2 and 3 threads.
 
-    The grid gradient's groups continue each other's sums; a far reflection (libm's
-    remainder) makes them all run again with the exact kernel.
+    The grid gradient's groups continue each other's sums, chunk of rows by chunk; a far
+    reflection (libm's remainder) makes its chunk's groups run again with the exact kernel.
     """
     from gridsampler3d.cpu import pool, tuning
 
@@ -114,8 +114,10 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
     assert not looks_coherent(grid, False, 6, mode == "nearest", 2, False, 1)
     float32_case = [tensor.float() for tensor in make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64)]
     in_one_pass = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
-    # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels.
+    # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels; the
+    # grid gradient's sums carried over chunks of three rows (the last of one).
     monkeypatch.setattr(tuning, "SCATTER_CACHE_BYTES", 2 * 6 * 7 * 8 * 8)
+    monkeypatch.setattr(tuning, "CARRY_BYTES", 3 * 24 * 9)
     golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
     rounds = []
     run_together = pool.run_together

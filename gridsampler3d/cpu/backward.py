@@ -113,9 +113,10 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     skip rows that miss its planes (a part that owns every plane needs no row bounds:
     rows left at (0, 0) are walked). A part writes the grid gradient of every point in its
     rows, so a pass that computes both outputs runs as one part. Nearest kernels compute
-    dx only: their grid gradient is zero. ``carry`` (float64, 3 * N * Do * Ho * Wo: the x, y
-    and z sums of every point, as rows of points) lets a grid gradient run as several passes
-    over groups of channels, each continuing the sums of the one before in PyTorch's order:
+    dx only: their grid gradient is zero. ``carry`` (float64, 3 * rows * Wo for the rows from
+    ``parts[0, 2]`` on: the x, y and z sums of each point, as rows of points) lets a grid
+    gradient run as several passes over groups of channels, each continuing the sums of the
+    one before in PyTorch's order:
     ``carry_mode`` 0 sums from zero into ``dgrid`` (one pass), 1 from zero into ``carry``, 2
     from ``carry`` into ``carry``, 3 from ``carry`` into ``dgrid``. Every element of an
     output asked for is written, unless a part sets ``unresolved[part]`` to 1: then the
@@ -217,7 +218,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     continue
                 if want_dgrid:
                     masked_offsets(count, corner, inside, x_spatial, offsets)
-                    at = row * out_width + start  # the block's first point in carry
+                    at = (row - parts[0, 2]) * out_width + start  # the block's first point in carry
                     if carry_mode >= 2:  # continue the sums of the channels before
                         for i in range(count):
                             grad_x[i] = carry[at + i]

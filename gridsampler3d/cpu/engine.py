@@ -273,25 +273,31 @@ class NumbaBackend:
             """The grid gradient's pass by rows: a random grid's a group of channels at a time.
 
             Each group's pass continues the sums of the groups before it (``carry``), in
-            PyTorch's order; a far reflection in any group reruns them all exactly.
+            PyTorch's order, over a chunk of rows whose sums fit ``tuning.CARRY_BYTES``; a far
+            reflection in any group reruns the chunk's groups exactly.
             """
             if smooth or not dgrid_by_channels:
                 _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
                                   True, no_carry, 0)], threads)
                 return
-            carry = np.empty(3 * rows * out_sizes[2])
-            for exact_remainder in (False, True):
-                pass_kernel = kernel(exact_remainder)
-                unresolved = np.zeros(threads, np.int64)
-                for low in range(0, channels, dgrid_group):
-                    high = min(low + dgrid_group, channels)
-                    mode = 3 if high == channels else (1 if low == 0 else 2)
-                    pass_kernel(*channel_slice(low, high, row_parts(rows, planes, threads), False, True, carry, mode),
-                                unresolved)
-                    if unresolved.any():
+            chunk = max(1, tuning.CARRY_BYTES // (24 * out_sizes[2]))  # rows: 3 float64 sums per point
+            carry = np.empty(3 * min(chunk, rows) * out_sizes[2])
+            for first in range(0, rows, chunk):
+                last = min(first + chunk, rows)
+                parts = row_parts(last - first, planes, threads)
+                parts[:, 2:] += first
+                for exact_remainder in (False, True):
+                    pass_kernel = kernel(exact_remainder)
+                    unresolved = np.zeros(threads, np.int64)
+                    sums = carry[:3 * (last - first) * out_sizes[2]]
+                    for low in range(0, channels, dgrid_group):
+                        high = min(low + dgrid_group, channels)
+                        mode = 3 if high == channels else (1 if low == 0 else 2)
+                        pass_kernel(*channel_slice(low, high, parts, False, True, sums, mode), unresolved)
+                        if unresolved.any():
+                            break
+                    else:
                         break
-                else:
-                    return
 
         if not want_dx:
             if want_dgrid:

@@ -22,9 +22,8 @@ changes machine code only, never a result.
 """
 from __future__ import annotations
 
-import inspect
-
 import functools
+import inspect
 
 import llvmlite.binding
 from numba import config, types

@@ -23,11 +23,18 @@ PARALLEL_VALUES = 1 << 15
 # 1.01 and 0.98 of the time; reg128 and warp128 (1) 1.04 and 1.12, up2x (4) 1.03).
 FUSED_CHANNELS = 8
 
-# dx of a scattered (random) grid, in NCDHW, is computed this many bytes of channel planes
-# at a time (about a core's L2 cache): a random grid's taps land all over each plane, and
-# with every channel's plane in play at once, nearly every read-modify-write of the
-# scatter missed the caches (rand64, one thread: 0.66 of the time with a plane at a time).
+# The passes over a random grid (forward, grid gradient, dx), in NCDHW, take this many
+# bytes of channel planes at a time (about a core's L2 cache): a random grid's taps land
+# all over each plane, and with every channel's plane in play at once nearly every gather
+# and read-modify-write missed the caches (rand64, one thread, a plane at a time: the
+# forward 0.42 to 0.46 and the backward 0.58 of the time).
 SCATTER_CACHE_BYTES = 1 << 20
+
+# The grid gradient's groups of channels carry each point's three float64 sums from one
+# group to the next; they run over chunks of rows whose sums take at most this many bytes,
+# each chunk reading the channels' planes again (rand64's grid gradient, one thread: 145
+# ms with its 6 MiB of sums in one chunk, 165 ms in chunks of 4 MiB, 213 ms in one pass).
+CARRY_BYTES = 16 << 20
 
 # Released output blocks kept resident for later calls (.buffers), in bytes; 0 turns the
 # cache off. GRIDSAMPLER3D_CPU_CACHE_MB sets it at import. Outputs smaller than
@@ -41,7 +48,7 @@ def hardware_gathers_pay(cpu_name: str) -> bool:
 
     Intel's AVX-512 gathers (Skylake-SP and later Xeons) are what the kernels were tuned
     with. AMD Zen microcodes them: on Zen 4 (``znver4``) the same kernels built with
-    scalar loads per lane ran the one-thread forward 1.3 to 1.9 times faster
-    (docs/cpu.md, "Gathers"), so every Zen CPU gets scalar loads.
+    scalar loads per lane took 0.57 to 0.98 of the one-thread forward's time and 0.72 to
+    0.92 of the backward's (docs/cpu.md, "Gathers"), so every Zen CPU gets scalar loads.
     """
     return not cpu_name.startswith("znver")
