@@ -441,7 +441,8 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
 
     compile_forward("reflection", False)
     counts = [len(helper.signatures) for helper in helpers]
-    for padding, align_corners in itertools.product(["zeros", "border", "reflection"], [False, True]):
+    # Other values of both modes (each fresh compile costs about a second)
+    for padding, align_corners in (("zeros", True), ("border", False)):
         compile_forward(padding, align_corners)
     # A literal-typed helper would gain a signature per padding and align_corners value.
     assert [len(helper.signatures) for helper in helpers] == counts
