@@ -74,7 +74,7 @@ def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format,
     grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:
         grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
-    assert looks_coherent(grid, False, 9, False, 1, False, 1) == smooth
+    assert looks_coherent(grid, False, 9, False, False, 1) == smooth
     results = []
     for count in (1, 2, 3):
         threads(count)
@@ -92,7 +92,7 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
     grid = cases.warp_grid(2, (3, 4, 5), magnitude=0.1, dtype=torch.float64)
     grid[1, 2, 3, 4, 0] = 7.5  # past two spans: libm's remainder
     grid[0, 0, 1, 2, 2] = -float("inf")
-    assert looks_coherent(grid, False, 5, mode == "nearest", 2, False, 1)
+    assert looks_coherent(grid, False, 5, mode == "nearest", False, 1)
     golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
     for count in (1, 2, 3):
         threads(count)
@@ -111,7 +111,7 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
 
     grad, x, grid = _with_nonfinite(*make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64, low=-1.1, high=1.1))
     grid[1, 2, 3, 4, 0] = 7.5  # past two spans
-    assert not looks_coherent(grid, False, 6, mode == "nearest", 2, False, 1)
+    assert not looks_coherent(grid, False, 6, mode == "nearest", False, 1)
     float32_case = [tensor.float() for tensor in make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64)]
     in_one_pass = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
     # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels; the
@@ -137,10 +137,11 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
         running = min(count, numba.config.NUMBA_NUM_THREADS)
         expected = [min(running, 3 - first) for first in range(0, 3, running) for _ in range(2)]
         assert rounds[-len(expected):] == expected, rounds
-        # The forward too: three launches, one after the other, each twice.
+        # The forward too: three launches, one after the other; the first flags the far
+        # point, and all three run again with the exact kernel.
         rounds.clear()
         y = gs.grid_sampler3d(x, grid, mode, "reflection", False, backend="numba")
-        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False)) and rounds == [1] * 6
+        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False)) and rounds == [1] * 4
     # float32: the separable grid gradient continued across groups gives the one-pass bits.
     in_groups = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
     assert all(torch.equal(a, b) for a, b in zip(in_groups, in_one_pass))
@@ -300,11 +301,11 @@ def test_smooth_and_random_grids_are_told_apart():
     verdicts = []
     for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
         for row_step in (1, 3):  # every row, and every third
-            verdicts.append(looks_coherent(grid, False, 32, False, 0, False, row_step))
+            verdicts.append(looks_coherent(grid, False, 32, False, False, row_step))
     # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
     smooth = cases.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
     scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8
-    verdicts += [looks_coherent(field, True, 32, True, 1, True, 1) for field in (smooth, scattered)]
+    verdicts += [looks_coherent(field, True, 32, True, True, 1) for field in (smooth, scattered)]
     assert verdicts == [True, True, False, False, True, False]
 
 

@@ -37,6 +37,11 @@ def _channel_group(volume: torch.Tensor) -> int:
     return max(1, tuning.SCATTER_CACHE_BYTES // max(1, math.prod(volume.shape[2:]) * volume.element_size()))
 
 
+def _groups(channels: int, group: int):
+    """(low, high) of each run of ``group`` channels (the last may be shorter)."""
+    return [(low, min(low + group, channels)) for low in range(0, channels, group)]
+
+
 def _flat(tensor: torch.Tensor):
     """(flat 1-D NumPy view from the tensor's first element, element strides) — no copy."""
     array = tensor.detach().numpy()
@@ -180,15 +185,14 @@ class NumbaBackend:
                                        channels_last=layout == torch.channels_last_3d)
             group = _channel_group(x)
             if layout != torch.channels_last_3d and channels > group and not looks_coherent(
-                    field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, int(padding), align_corners,
+                    field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners,
                     max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS)):
                 # A random grid gathers from all over every channel's plane: a group of
-                # channels at a time, as dx (see _backward), each group's rows split among
-                # the threads.
-                for low in range(0, channels, group):
-                    high = min(low + group, channels)
-                    _launch(kernel, [(*_flat(x[:, low:high]), grid_flat, grid_strides, *_flat(y[:, low:high]), batch,
-                                      high - low, *shapes[2:], threads)], threads)
+                # channels at a time, one after the other, as dx (see _backward), each
+                # group's rows split among the threads.
+                _launch(kernel, [(*_flat(x[:, low:high]), grid_flat, grid_strides, *_flat(y[:, low:high]), batch,
+                                  high - low, *shapes[2:], threads)
+                                 for low, high in _groups(channels, group)], threads)
             else:
                 _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)],
                         threads)
@@ -258,8 +262,9 @@ class NumbaBackend:
         dgrid_by_channels = want_dgrid and layout != torch.channels_last_3d and channels > dgrid_group
         # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
         verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
+        # (False where not asked: then no choice below reads it.)
         smooth = (dgrid_by_channels or (want_dx and (verdict_counts or by_channels))) and looks_coherent(
-            field, voxels, sizes[0], nearest, int(padding), align_corners, row_step)
+            field, voxels, sizes[0], nearest, align_corners, row_step)
         coherent = verdict_counts and smooth
 
         def channel_slice(low, high, parts, want_dx_here, want_dgrid_here, carry=no_carry, carry_mode=0):
@@ -286,18 +291,11 @@ class NumbaBackend:
                 last = min(first + chunk, rows)
                 parts = row_parts(last - first, planes, threads)
                 parts[:, 2:] += first
-                for exact_remainder in (False, True):
-                    pass_kernel = kernel(exact_remainder)
-                    unresolved = np.zeros(threads, np.int64)
-                    sums = carry[:3 * (last - first) * out_sizes[2]]
-                    for low in range(0, channels, dgrid_group):
-                        high = min(low + dgrid_group, channels)
-                        mode = 3 if high == channels else (1 if low == 0 else 2)
-                        pass_kernel(*channel_slice(low, high, parts, False, True, sums, mode), unresolved)
-                        if unresolved.any():
-                            break
-                    else:
-                        break
+                sums = carry[:3 * (last - first) * out_sizes[2]]
+                # The groups in turn; _launch reruns them all exactly when one flags a far reflection.
+                _launch(kernel, [channel_slice(low, high, parts, False, True, sums,
+                                               3 if high == channels else (1 if low == 0 else 2))
+                                 for low, high in _groups(channels, dgrid_group)], threads)
 
         if not want_dx:
             if want_dgrid:
@@ -338,8 +336,7 @@ class NumbaBackend:
             # channels at a time keeps the group's planes in the cache while every point adds
             # into them (each launch computes every point's taps again), the groups of one
             # round on the threads at once. Each voxel still sums in point order.
-            launches = [channel_slice(low, min(low + group, channels), whole, True, False)
-                        for low in range(0, channels, group)]
+            launches = [channel_slice(low, high, whole, True, False) for low, high in _groups(channels, group)]
             for first in range(0, len(launches), threads):
                 _launch(kernel, launches[first:first + threads], threads, together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
