@@ -147,6 +147,53 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
     assert all(torch.equal(a, b) for a, b in zip(in_groups, in_one_pass))
 
 
+def _short_rows(tensor, w_axis):
+    """``tensor`` as a view whose rows sit one element apart more than a row of w: no two of them form one row."""
+    shape = list(tensor.shape)
+    shape[w_axis] += 1
+    view = torch.empty(shape, dtype=tensor.dtype).narrow(w_axis, 0, tensor.shape[w_axis])
+    return view.copy_(tensor)
+
+
+@pytest.mark.parametrize("mode, padding, dtype, data_format, smooth", [
+    ("bilinear", "zeros", torch.float64, "NCDHW", True),
+    ("bilinear", "reflection", torch.float32, "NDHWC", True),
+    ("nearest", "border", torch.float32, "NCDHW", True),
+    ("bilinear", "reflection", torch.float64, "NCDHW", False),
+], ids=["zeros-fp64", "reflection-fp32-NDHWC", "nearest-fp32", "random-fp64"])
+def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_format, smooth, threads, monkeypatch):
+    """Output rows walked k at a time as one row (engine._long_rows) give the bits of rows walked one by one.
+
+    The same inputs once contiguous (rows joined: 6, 3 and 2 of the 6 rows of 20 points at
+    1, 2 and 3 threads; a random grid's at one thread only) and once as views whose rows
+    cannot join, over the engine's ways of splitting the work; the random grid's passes
+    run two channel planes at a time.
+    """
+    from gridsampler3d.cpu import tuning
+
+    grad, x, grid = make_case(1, 5, (6, 7, 8), (4, 6, 20), torch.float64, low=-1.1 if smooth else -1.2,
+                              high=1.1 if smooth else 1.2)
+    if smooth:
+        grid = cases.random_affine_grid(1, (4, 6, 20), seed=5, dtype=torch.float64)
+    else:
+        grad, x, grid = _with_nonfinite(grad, x, grid)
+        grid[0, 2, 3, 4, 0] = 7.5  # past two spans: the exact kernel runs too
+        monkeypatch.setattr(tuning, "SCATTER_CACHE_BYTES", 2 * 6 * 7 * 8 * 8)
+    assert looks_coherent(grid, False, 6, mode == "nearest", False, 1) is smooth
+    grad, x, grid = grad.to(dtype), x.to(dtype), grid.to(dtype)
+    if data_format == "NDHWC":
+        grad, x = grad.permute(0, 2, 3, 4, 1).contiguous(), x.permute(0, 2, 3, 4, 1).contiguous()
+    short = (_short_rows(grad, 3 if data_format == "NDHWC" else 4), x, _short_rows(grid, 3))
+    for count, joined in ((1, 6), (2, 3), (3, 2)):
+        threads(count)
+        assert engine._rows_per_long_row(4, 6, 20, count) == joined
+        runs = [(gs.grid_sampler3d(x_, grid_, mode, padding, data_format=data_format, backend="numba"),
+                 *gs.grid_sampler3d_backward(grad_, x_, grid_, mode, padding, data_format=data_format,
+                                             backend="numba"))
+                for grad_, x_, grid_ in ((grad, x, grid), short)]
+        assert all(_equal(a, b) for a, b in zip(*runs)), count
+
+
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, one part per thread."""
     from conftest import DEFAULT_PARALLEL_VALUES

@@ -50,6 +50,11 @@ def _flat(tensor: torch.Tensor):
     return flat, tuple(int(stride) for stride in tensor.stride())
 
 
+def _from_channel(flat, strides, channel: int):
+    """(flat, strides) of an operand from :func:`_flat` seen from channel ``channel`` on (strides unchanged)."""
+    return flat[channel * strides[1]:], strides
+
+
 def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself in float32 and float64; float16 and bfloat16 widened to float64 (:func:`.buffers.empty`)."""
     if tensor.dtype in _KERNEL_DTYPES:
@@ -86,6 +91,43 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     flat_single, _ = _flat(single)
     _round_to_odd(flat_values, flat_single, flat_single.view(np.int32))
     return single.to(dtype)
+
+
+def _long_rows(out_sizes, threads: int, grid_strides, *out_strides):
+    """(out_sizes, grid_strides, *out_strides) with each run of k output rows as one row, where the strides allow.
+
+    The kernels walk each output row in blocks of ``tuning.BLOCK`` points: rows shorter
+    than that leave blocks part-empty (a 64-wide row fills half of one), and every row
+    runs its channel loop again. Where every output-shaped operand steps h by exactly a
+    row of w, rows h .. h + k - 1 of an (n, d) plane are one row of k * Wo points, the
+    same points in the same order, so results do not change (dx still sums every voxel in
+    point order). k divides Ho; it is the one that fills the blocks best (the smallest
+    of equals), with rows of at most ``tuning.LONG_ROW_POINTS`` points and at least
+    four rows per thread. ``grid_strides`` are in grid order (n, d, h, w, component),
+    ``out_strides`` in NCDHW order (n, c, d, h, w).
+
+    Not for the fused warp, whose kernels place each point by its row and column. Nor
+    for a grid judged random at several threads: a full block's scratch with its random
+    gathers' lines outgrew the L1 cache that the core's two threads share (rand64 forward
+    at two threads, rows joined: 1.2 times the time).
+    """
+    depth, height, width = out_sizes
+    if height == 1 or grid_strides[2] != width * grid_strides[3] or any(s[3] != width * s[4] for s in out_strides):
+        return (out_sizes, grid_strides, *out_strides)
+    k = _rows_per_long_row(depth, height, width, threads)
+    return ((depth, height // k, k * width), grid_strides[:2] + (k * grid_strides[2],) + grid_strides[3:],
+            *(s[:3] + (k * s[3],) + s[4:] for s in out_strides))
+
+
+@functools.lru_cache(maxsize=256)
+def _rows_per_long_row(depth: int, height: int, width: int, threads: int) -> int:
+    """k of :func:`_long_rows`: the divisor of ``height`` whose rows of k * ``width`` points fill blocks best."""
+    def filled(k):  # share of the row's blocks that holds points
+        return k * width / (-(-k * width // tuning.BLOCK) * tuning.BLOCK)
+
+    rows_per_plane = -(-4 * threads // depth)  # rows of each (n, d) plane to leave, at least
+    longest = min(height // max(1, rows_per_plane), tuning.LONG_ROW_POINTS // width)
+    return max((k for k in range(1, max(1, longest) + 1) if height % k == 0), key=lambda k: (filled(k), -k))
 
 
 def _threads(values: int) -> int:
@@ -184,14 +226,18 @@ class NumbaBackend:
             kernel = functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
                                        channels_last=layout == torch.channels_last_3d)
             group = _channel_group(x)
-            if layout != torch.channels_last_3d and channels > group and not looks_coherent(
-                    field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners,
-                    max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS)):
+            random = layout != torch.channels_last_3d and channels > group and not looks_coherent(
+                field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners,
+                max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS))
+            if not voxels and not (threads > 1 and random):  # see _long_rows
+                out_sizes, grid_strides, y_strides = _long_rows(out_sizes, threads, grid_strides, y_strides)
+                shapes = shapes[:3] + (out_sizes,)
+            if random:
                 # A random grid gathers from all over every channel's plane: a group of
                 # channels at a time, one after the other, as dx (see _backward), each
                 # group's rows split among the threads.
-                _launch(kernel, [(*_flat(x[:, low:high]), grid_flat, grid_strides, *_flat(y[:, low:high]), batch,
-                                  high - low, *shapes[2:], threads)
+                _launch(kernel, [(*_from_channel(x_flat, x_strides, low), grid_flat, grid_strides,
+                                  *_from_channel(y_flat, y_strides, low), batch, high - low, *shapes[2:], threads)
                                  for low, high in _groups(channels, group)], threads)
             else:
                 _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)],
@@ -238,6 +284,27 @@ class NumbaBackend:
         # A non-finite element makes the sum non-finite; a sum that overflows from finite
         # elements only picks PyTorch's terms needlessly (still exact), and costs no mask.
         exact = dtype == torch.float64 or (want_dgrid and not bool(torch.isfinite(grad.sum())))
+        nearest = interpolation == Interpolation.NEAREST
+        # A pass a few channels at a time is a candidate where one batch's planes outgrow a
+        # core's cache (dx's planes for dx, x's for the grid gradient).
+        group = _channel_group(dx) if want_dx else channels
+        dgrid_group = _channel_group(x) if want_dgrid else channels
+        by_channels = want_dx and layout != torch.channels_last_3d and channels > group
+        dgrid_by_channels = want_dgrid and layout != torch.channels_last_3d and channels > dgrid_group
+        # Sampled rows judge whether the grid is smooth (its points' taps stay near each
+        # other along a row), in torch, with no kernel to compile.
+        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
+        verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
+        # (False where not asked: then no choice below reads it.)
+        asked = dgrid_by_channels or (want_dx and (verdict_counts or by_channels))
+        smooth = asked and looks_coherent(field, voxels, sizes[0], nearest, align_corners,
+                                          max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS))
+        coherent = verdict_counts and smooth
+        if not voxels and not (threads > 1 and asked and not smooth):  # see _long_rows
+            # dgrid's strides in the NCDHW order _long_rows reads (no channel), and back
+            out_sizes, grid_strides, grad_strides, merged = _long_rows(
+                out_sizes, threads, grid_strides, grad_strides, dgrid_strides[:2] + (0,) + dgrid_strides[2:4])
+            dgrid_strides = merged[:2] + merged[3:] + dgrid_strides[4:]
         codes = (int(interpolation), int(padding), bool(align_corners), voxels)
         kernel = functools.partial(backward_kernel, *codes[:3], exact, voxels,  # kernel(exact_remainder)
                                    channels_last=layout == torch.channels_last_3d)
@@ -249,28 +316,13 @@ class NumbaBackend:
         shapes = (batch, channels, sizes, out_sizes)
         no_carry = np.empty(0)  # see backward_kernel: every grid gradient in one pass
         row_first, row_last = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
-        nearest = interpolation == Interpolation.NEAREST
-        # Sampled rows judge whether the grid is smooth (its points' taps stay near each
-        # other along a row), in torch, with no kernel to compile.
-        row_step = max(1, rows // _SAMPLED_ROWS)
         whole = np.array([[0, planes, 0, rows]], np.int64)
-        # A pass a few channels at a time is a candidate where one batch's planes outgrow a
-        # core's cache (dx's planes for dx, x's for the grid gradient).
-        group = _channel_group(dx) if want_dx else channels
-        dgrid_group = _channel_group(x) if want_dgrid else channels
-        by_channels = want_dx and layout != torch.channels_last_3d and channels > group
-        dgrid_by_channels = want_dgrid and layout != torch.channels_last_3d and channels > dgrid_group
-        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
-        verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
-        # (False where not asked: then no choice below reads it.)
-        smooth = (dgrid_by_channels or (want_dx and (verdict_counts or by_channels))) and looks_coherent(
-            field, voxels, sizes[0], nearest, align_corners, row_step)
-        coherent = verdict_counts and smooth
 
         def channel_slice(low, high, parts, want_dx_here, want_dgrid_here, carry=no_carry, carry_mode=0):
             """The operands of a launch over channels low .. high - 1 only (each computes every point's taps)."""
-            return (*_flat(grad[:, low:high]), *_flat(x[:, low:high]), grid_flat, grid_strides,
-                    *(_flat(dx[:, low:high]) if want_dx else (dx_flat, dx_strides)), dgrid_flat, dgrid_strides,
+            return (*_from_channel(grad_flat, grad_strides, low), *_from_channel(x_flat, x_strides, low), grid_flat,
+                    grid_strides, *(_from_channel(dx_flat, dx_strides, low) if want_dx else (dx_flat, dx_strides)),
+                    dgrid_flat, dgrid_strides,
                     row_first, row_last, parts, batch, high - low, sizes, out_sizes, want_dx_here, want_dgrid_here,
                     carry, carry_mode)
 
@@ -310,8 +362,8 @@ class NumbaBackend:
             """
             if count == 1:
                 return whole
-            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, row_step, True, row_first,
-                         row_last, count)
+            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, max(1, rows // _SAMPLED_ROWS), True,
+                         row_first, row_last, count)
             return plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2],
                               1 if nearest else 2, count)
 
