@@ -25,7 +25,8 @@ ALL_TAPS = 255
 def _scratch(parts: int, *operands):
     """(reals, integers): the arrays a backward pass works in, each with one row per part.
 
-    In the kernel's order: sides (6 entries per point), weights (8), pairs (12), mx, my,
+    In the kernel's order: sides (6 entries per point), weights (8), pairs (12: the separable
+    gradient's pair weights, or the exact gradient's eight tap values), mx, my,
     mz, grad_x, grad_y, grad_z (1 each); offsets (8), corner, dx_corner, inside, lowest,
     taps (1 each); ``BLOCK`` points; then the run of planes zeroed (2 entries, see
     :func:`zero_reached`). See :func:`.jit.part_kernel`.
@@ -232,7 +233,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                         grad_z[:count] = 0.0
                     if exact:
                         _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
-                                       sides, inside, offsets, grad_x, grad_y, grad_z)
+                                       sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
                     else:
                         _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
                                                  channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
@@ -281,7 +282,7 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
 @helper
 def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, inside, offsets,
-                   grad_x, grad_y, grad_z):
+                   values, grad_x, grad_y, grad_z):
     """Per point i: grad_x/y/z[i] = sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad.
 
     PyTorch's terms in PyTorch's order, vectorised across the points; an outside tap's
@@ -291,11 +292,16 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
     for c in range(channels):
         source = x_batch + c * x_strides[1]
         at = grad_at + c * grad_strides[1]
+        # The taps' values first, in a loop of their own: loaded lane by lane (no hardware
+        # gathers) inside the loop below, they left LLVM's cost model keeping it scalar.
+        for i in range(count):
+            for tap in range(8):
+                values[slot(tap, i)] = float(x[unsigned(source + offsets[slot(tap, i)])])
         for i in range(count):
             g = float(grad[at + i * grad_strides[4]])
             sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
             for tap in range(8):
-                value = float(x[unsigned(source + offsets[slot(tap, i)])])
+                value = values[slot(tap, i)]
                 wx = sides[slot(tap & 1, i)]
                 wy = sides[slot(2 + ((tap >> 1) & 1), i)]
                 wz = sides[slot(4 + (tap >> 2), i)]
