@@ -93,8 +93,8 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return single.to(dtype)
 
 
-def _long_rows(out_sizes, threads: int, grid_strides, *out_strides):
-    """(out_sizes, grid_strides, *out_strides) with each run of k output rows as one row, where the strides allow.
+def _long_rows(out_sizes, threads: int, grid_like, out_like, voxels: bool, random: bool):
+    """(out_sizes, grid_like, out_like) with each run of k output rows as one row, where that is safe and pays.
 
     The kernels walk each output row in blocks of ``tuning.BLOCK`` points: rows shorter
     than that leave blocks part-empty (a 64-wide row fills half of one), and every row
@@ -103,20 +103,27 @@ def _long_rows(out_sizes, threads: int, grid_strides, *out_strides):
     same points in the same order, so results do not change (dx still sums every voxel in
     point order). k divides Ho; it is the one that fills the blocks best (the smallest
     of equals), with rows of at most ``tuning.LONG_ROW_POINTS`` points and at least
-    four rows per thread. ``grid_strides`` are in grid order (n, d, h, w, component),
-    ``out_strides`` in NCDHW order (n, c, d, h, w).
+    four rows per thread. ``grid_like`` holds the strides of the grid-shaped operands in
+    grid order (n, d, h, w, component), ``out_like`` those of the others in NCDHW order
+    (n, c, d, h, w); each comes back joined the same way.
 
-    Not for the fused warp, whose kernels place each point by its row and column. Nor
-    for a grid judged random at several threads: a full block's scratch with its random
-    gathers' lines outgrew the L1 cache that the core's two threads share (rand64 forward
-    at two threads, rows joined: 1.2 times the time).
+    Rows stay as they are for the fused warp (``voxels``: its kernels place each point by
+    its row and column), and for a grid judged ``random`` at several threads: a full
+    block's scratch with its random gathers' lines outgrew the L1 cache that the core's
+    two threads share (rand64 forward at two threads, rows joined: 1.2 times the time).
     """
     depth, height, width = out_sizes
-    if height == 1 or grid_strides[2] != width * grid_strides[3] or any(s[3] != width * s[4] for s in out_strides):
-        return (out_sizes, grid_strides, *out_strides)
+    if voxels or (random and threads > 1) or height == 1 \
+            or any(s[2] != width * s[3] for s in grid_like) or any(s[3] != width * s[4] for s in out_like):
+        return out_sizes, grid_like, out_like
     k = _rows_per_long_row(depth, height, width, threads)
-    return ((depth, height // k, k * width), grid_strides[:2] + (k * grid_strides[2],) + grid_strides[3:],
-            *(s[:3] + (k * s[3],) + s[4:] for s in out_strides))
+    return ((depth, height // k, k * width), tuple(s[:2] + (k * s[2],) + s[3:] for s in grid_like),
+            tuple(s[:3] + (k * s[3],) + s[4:] for s in out_like))
+
+
+def _row_step(rows: int) -> int:
+    """Every how many rows of ``rows`` a sampled judgement reads one (about ``_SAMPLED_ROWS`` rows)."""
+    return max(1, rows // _SAMPLED_ROWS)
 
 
 @functools.lru_cache(maxsize=256)
@@ -228,10 +235,10 @@ class NumbaBackend:
             group = _channel_group(x)
             random = layout != torch.channels_last_3d and channels > group and not looks_coherent(
                 field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners,
-                max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS))
-            if not voxels and not (threads > 1 and random):  # see _long_rows
-                out_sizes, grid_strides, y_strides = _long_rows(out_sizes, threads, grid_strides, y_strides)
-                shapes = shapes[:3] + (out_sizes,)
+                _row_step(batch * out_sizes[0] * out_sizes[1]))
+            out_sizes, (grid_strides,), (y_strides,) = _long_rows(out_sizes, threads, (grid_strides,), (y_strides,),
+                                                                  voxels, random)
+            shapes = shapes[:3] + (out_sizes,)
             if random:
                 # A random grid gathers from all over every channel's plane: a group of
                 # channels at a time, one after the other, as dx (see _backward), each
@@ -292,19 +299,16 @@ class NumbaBackend:
         by_channels = want_dx and layout != torch.channels_last_3d and channels > group
         dgrid_by_channels = want_dgrid and layout != torch.channels_last_3d and channels > dgrid_group
         # Sampled rows judge whether the grid is smooth (its points' taps stay near each
-        # other along a row), in torch, with no kernel to compile.
-        # (Not asked where the answer changes nothing: one thread with many channels splits anyway.)
+        # other along a row), in torch, with no kernel to compile. Not asked where the
+        # answer changes nothing (one thread with many channels splits anyway); then
+        # ``smooth`` is False and no choice below reads it.
         verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
-        # (False where not asked: then no choice below reads it.)
         asked = dgrid_by_channels or (want_dx and (verdict_counts or by_channels))
         smooth = asked and looks_coherent(field, voxels, sizes[0], nearest, align_corners,
-                                          max(1, batch * out_sizes[0] * out_sizes[1] // _SAMPLED_ROWS))
+                                          _row_step(batch * out_sizes[0] * out_sizes[1]))
         coherent = verdict_counts and smooth
-        if not voxels and not (threads > 1 and asked and not smooth):  # see _long_rows
-            # dgrid's strides in the NCDHW order _long_rows reads (no channel), and back
-            out_sizes, grid_strides, grad_strides, merged = _long_rows(
-                out_sizes, threads, grid_strides, grad_strides, dgrid_strides[:2] + (0,) + dgrid_strides[2:4])
-            dgrid_strides = merged[:2] + merged[3:] + dgrid_strides[4:]
+        out_sizes, (grid_strides, dgrid_strides), (grad_strides,) = _long_rows(
+            out_sizes, threads, (grid_strides, dgrid_strides), (grad_strides,), voxels, asked and not smooth)
         codes = (int(interpolation), int(padding), bool(align_corners), voxels)
         kernel = functools.partial(backward_kernel, *codes[:3], exact, voxels,  # kernel(exact_remainder)
                                    channels_last=layout == torch.channels_last_3d)
@@ -322,8 +326,7 @@ class NumbaBackend:
             """The operands of a launch over channels low .. high - 1 only (each computes every point's taps)."""
             return (*_from_channel(grad_flat, grad_strides, low), *_from_channel(x_flat, x_strides, low), grid_flat,
                     grid_strides, *(_from_channel(dx_flat, dx_strides, low) if want_dx else (dx_flat, dx_strides)),
-                    dgrid_flat, dgrid_strides,
-                    row_first, row_last, parts, batch, high - low, sizes, out_sizes, want_dx_here, want_dgrid_here,
+                    dgrid_flat, dgrid_strides, row_first, row_last, parts, batch, high - low, sizes, out_sizes, want_dx_here, want_dgrid_here,
                     carry, carry_mode)
 
         def dgrid_pass():
@@ -362,8 +365,8 @@ class NumbaBackend:
             """
             if count == 1:
                 return whole
-            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, max(1, rows // _SAMPLED_ROWS), True,
-                         row_first, row_last, count)
+            depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, _row_step(rows), True, row_first,
+                         row_last, count)
             return plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2],
                               1 if nearest else 2, count)
 
