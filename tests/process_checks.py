@@ -80,7 +80,11 @@ class _Samples(torch.utils.data.Dataset):
 
 
 def check_fork(parent_results) -> None:
-    """DataLoader workers forked after the parent ran forward and backward."""
+    """DataLoader workers forked after the parent ran forward and backward, on one thread and on two.
+
+    The parent's two-thread run starts torch's OpenMP team, which a forked child cannot use.
+    """
+    _assert_equal(sample(0), parent_results[0], "parent, 2 threads")
     loader = torch.utils.data.DataLoader(_Samples(), batch_size=None, num_workers=2,
                                          multiprocessing_context="fork")
     workers = set()

@@ -18,6 +18,14 @@ and each layer has a catch:
 So, at import, before any launch, this module loads the wheel's TBB library and, unless
 the user chose a layer, asks Numba for a fork-safe one: TBB, or else the workqueue, whose
 launches :func:`exclusive` then takes one at a time. docs/cpu.md has the measurements.
+
+Where torch's own threads are an OpenMP team (its Linux wheels), the parts run on that
+team rather than on worker threads of this module. An OpenMP thread spins for milliseconds
+after every parallel torch operation, waiting for the next one; beside a spinning thread a
+part kernel ran at half speed and started late (docs/cpu.md, "Whose threads"). Run on the
+team, the part kernels take the spinning threads' places instead of competing with them.
+A forked child, a torch whose threads are not OpenMP's, or ``GRIDSAMPLER3D_OPENMP=0``
+(read at import) keeps the worker threads.
 """
 from __future__ import annotations
 
@@ -25,7 +33,9 @@ import concurrent.futures
 import ctypes
 import functools
 import importlib.metadata
+import itertools
 import os
+import re
 import sys
 import threading
 
@@ -86,11 +96,13 @@ _workers_lock = threading.Lock()
 
 def _fresh_state_in_child() -> None:
     # A fork taken while another thread held a lock would leave it held forever here, and
-    # the parent's worker threads do not exist in the child.
-    global _launch_lock, _workers, _workers_lock
+    # the parent's worker threads do not exist in the child. Nor do its OpenMP threads:
+    # GNU libgomp would wait for them at the child's first parallel region.
+    global _launch_lock, _workers, _workers_lock, _team
     _launch_lock = threading.Lock()
     _workers = None
     _workers_lock = threading.Lock()
+    _team = None
 
 
 def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -101,6 +113,86 @@ def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
             _workers = concurrent.futures.ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1),
                                                              thread_name_prefix="gridsampler3d")
         return _workers
+
+
+class _OpenMPTeam:
+    """Runs tasks on torch's OpenMP team: one ``GOMP_parallel`` region whose threads take the tasks in turn.
+
+    ``runtime`` is the OpenMP library torch runs on (GNU libgomp, or a runtime with its
+    entry points: LLVM's libomp, Intel's libiomp5). Each thread of the region calls back
+    into Python, runs its tasks (kernels that release the GIL) and keeps their errors.
+    """
+
+    def __init__(self, runtime: ctypes.CDLL):
+        self._parallel = runtime.GOMP_parallel
+        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        self._parallel.restype = None
+        self._thread_num = runtime.omp_get_thread_num
+        self._thread_count = runtime.omp_get_num_threads
+        self._thread_num.restype = self._thread_count.restype = ctypes.c_int
+        self._body = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_share)
+        self._regions = {}  # key -> (tasks, errors) of the regions running now, from any Python thread
+        self._keys = itertools.count(1)
+
+    def _run_share(self, key) -> None:
+        tasks, errors = self._regions[key]
+        for index in range(self._thread_num(), len(tasks), max(1, self._thread_count())):
+            kernel, operands, part = tasks[index]
+            try:
+                kernel(*operands, part)
+            except BaseException as error:  # raised in run(), on the calling thread
+                errors.append((index, error))
+
+    def run(self, tasks) -> None:
+        """Run every ``(kernel, operands, part)`` of ``tasks``, the first on the calling thread; raise the first task's error."""
+        key = next(self._keys)
+        errors = []
+        self._regions[key] = (tasks, errors)
+        try:
+            # A thread per task, at most torch's count (the region reuses torch's threads);
+            # ctypes lets the GIL go for the region's length.
+            self._parallel(ctypes.cast(self._body, ctypes.c_void_p), key,
+                           min(len(tasks), max(1, torch.get_num_threads())), 0)
+        finally:
+            del self._regions[key]
+        if errors:
+            raise min(errors, key=lambda indexed: indexed[0])[1]
+
+
+_OPENMP_RUNTIME = re.compile(r"(?:^|/)lib(gomp|i?omp5?)([-.][^/]*)?\.(so|dylib)([.][^/]*)?$")
+
+
+def _torch_openmp_team() -> _OpenMPTeam | None:
+    """The team of torch's OpenMP threads, or None where torch does not run on OpenMP or its runtime is not found.
+
+    The runtime is the OpenMP library mapped into this process from torch's own
+    directory, or else the only OpenMP library mapped at all (Linux); elsewhere the one
+    in torch's ``lib/``.
+    """
+    if os.environ.get("GRIDSAMPLER3D_OPENMP", "1") == "0":
+        return None
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    home = os.path.dirname(os.path.realpath(torch.__file__))
+    try:
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
+    except OSError:
+        try:
+            mapped = {os.path.join(home, "lib", name) for name in os.listdir(os.path.join(home, "lib"))}
+        except OSError:
+            return None
+    runtimes = sorted(path for path in mapped if _OPENMP_RUNTIME.search(path))
+    own = [path for path in runtimes if os.path.realpath(path).startswith(home + os.sep)]
+    if len(own) != 1 and not (not own and len(runtimes) == 1):
+        return None
+    try:
+        return _OpenMPTeam(ctypes.CDLL((own or runtimes)[0]))
+    except (OSError, AttributeError):  # not loadable, or without GOMP_parallel
+        return None
+
+
+_team: _OpenMPTeam | None = None  # set at import, below
 
 
 def run_parts(kernel, operands, parts: int) -> None:
@@ -124,6 +216,9 @@ def run_together(launches) -> None:
     if len(tasks) <= 1:
         for kernel, operands, part in tasks:
             kernel(*operands, part)
+        return
+    if _team is not None:
+        _team.run(tasks)
         return
     others = [_worker_pool().submit(kernel, *operands, part) for kernel, operands, part in tasks[1:]]
     kernel, operands, part = tasks[0]
@@ -167,5 +262,6 @@ def threads() -> int:
 
 _load_tbb()
 _prefer_fork_safe_layer()
+_team = _torch_openmp_team()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_state_in_child)

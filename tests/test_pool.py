@@ -1,0 +1,161 @@
+"""Where the CPU engine's parts run: torch's OpenMP team, or the engine's worker threads, with the same bits."""
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+import gridsampler3d as gs
+from gridsampler3d import cases
+from gridsampler3d.cpu import pool
+from gridsampler3d.cpu.plan import looks_coherent
+from helpers import make_case
+
+ROOT = Path(__file__).resolve().parents[1]
+ON_A_TEAM = pytest.mark.skipif(pool._team is None, reason="torch's threads are not an OpenMP team here")
+
+
+@pytest.fixture(params=["team", "workers"])
+def path(request, monkeypatch):
+    """Each test on torch's OpenMP team (where there is one) and on the worker threads."""
+    if request.param == "team" and pool._team is None:
+        pytest.skip("torch's threads are not an OpenMP team here")
+    if request.param == "workers":
+        monkeypatch.setattr(pool, "_team", None)
+    return request.param
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@numba.njit(nogil=True)
+def _mark(marks, failing, part):
+    if part == failing:
+        raise ValueError("this part fails")
+    marks[part] += part + 1
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("tasks", [1, 2, 3, 7])
+def test_every_part_runs_once(path, threads, count, tasks):
+    """Parts beyond the thread count wait their turn; none runs twice or not at all."""
+    threads(count)
+    marks = np.zeros(tasks + 1, np.int64)
+    # two launches: parts 0 .. tasks - 2 of one, then the last part of another
+    launches = [(_mark, (marks, -1), tasks - 1), (_mark, (marks[tasks - 1:], -1), 1)] if tasks > 1 \
+        else [(_mark, (marks, -1), 1)]
+    pool.run_together(launches)
+    expected = np.zeros(tasks + 1, np.int64)
+    expected[:tasks - 1] = np.arange(1, tasks)
+    expected[tasks - 1] = 1
+    if tasks == 1:
+        expected[0] = 1
+    assert np.array_equal(marks, expected), marks
+
+
+@pytest.mark.parametrize("failing", [0, 1, 2])
+def test_an_error_in_a_part_is_raised_after_every_part_finished(path, threads, failing):
+    threads(2)
+    marks = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match="this part fails"):
+        pool.run_parts(_mark, (marks, failing), 3)
+    expected = np.arange(1, 4)
+    expected[failing] = 0
+    assert np.array_equal(marks, expected), marks
+
+
+def test_parts_run_where_the_path_says(path, threads):
+    """On the team, part 0 on the calling thread and the others on OpenMP threads, the same ones call after call."""
+    threads(2)
+    where = {}
+
+    def record(calls, part):
+        thread = threading.current_thread()
+        where[calls, part] = (threading.get_native_id(), thread.name)
+
+    for calls in range(3):
+        pool.run_parts(record, (calls,), 2)
+    assert all(where[calls, 0][0] == threading.get_native_id() for calls in range(3))
+    others = {where[calls, 1] for calls in range(3)}
+    assert all(native != threading.get_native_id() for native, _ in others), where
+    if path == "team":
+        assert len(others) == 1 and not any(name.startswith("gridsampler3d") for _, name in others), where
+    else:
+        assert all(name.startswith("gridsampler3d") for _, name in others), where
+
+
+@ON_A_TEAM
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("mode, smooth, data_format", [("bilinear", True, "NCDHW"), ("bilinear", False, "NCDHW"),
+                                                       ("nearest", True, "NCDHW"), ("bilinear", True, "NDHWC")])
+def test_team_and_workers_give_the_same_bits(monkeypatch, threads, count, mode, smooth, data_format):
+    """Forward and backward through the engine, its every way of splitting the work, on both kinds of threads."""
+    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), torch.float32, data_format=data_format)
+    if smooth:  # the grid gradient's parts beside dx's
+        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=torch.float32)
+    assert looks_coherent(grid, False, 9, False, False, 1) == smooth
+    threads(count)
+
+    def results():
+        y = gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba")
+        return (y, *gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format,
+                                               backend="numba"))
+
+    on_team = results()
+    monkeypatch.setattr(pool, "_team", None)
+    on_workers = results()
+    assert all(torch.equal(a, b) for a, b in zip(on_team, on_workers))
+
+
+def _team_in_a_new_process(env_value):
+    env = dict(os.environ)
+    env.pop("GRIDSAMPLER3D_OPENMP", None)
+    if env_value is not None:
+        env["GRIDSAMPLER3D_OPENMP"] = env_value
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    output = subprocess.run([sys.executable, "-c", "from gridsampler3d.cpu import pool; print(pool._team is None)"],
+                            env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    return output.strip() == "False"
+
+
+@ON_A_TEAM
+def test_the_environment_can_keep_the_worker_threads():
+    assert _team_in_a_new_process(None)
+    assert not _team_in_a_new_process("0")
+
+
+@ON_A_TEAM
+def test_a_forked_child_keeps_to_the_worker_threads(threads):
+    """GNU libgomp waits forever for the parent's team in a forked child: the child must not call it."""
+    threads(2)
+    marks = np.zeros(2, np.int64)
+    pool.run_parts(_mark, (marks, -1), 2)  # the parent's team exists now
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child reports through the pipe, never returns into pytest
+        try:
+            marks[:] = 0
+            pool.run_parts(_mark, (marks, -1), 2)
+            os.write(write, f"{pool._team is None} {marks.tolist()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 120)  # a hung child fails the test instead of stalling it
+    if not ready:
+        os.kill(child, signal.SIGKILL)
+    with os.fdopen(read) as report:
+        said = report.read() if ready else "no answer from the child (hung?)"
+    os.waitpid(child, 0)
+    assert said == "True [1, 2]", said
+    assert pool._team is not None
