@@ -23,6 +23,14 @@ CPU_BACKENDS = [name for name in gs.available_backends()
                     torch.device("cpu")))]
 
 
+@pytest.fixture
+def threads():
+    """Set torch's (and so the engine's) thread count inside a test, restoring it after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(params=CPU_BACKENDS)
 def cpu_backend(request):
     """Every backend that runs on CPU tensors here (Triton through its interpreter when there is no GPU)."""

@@ -53,14 +53,6 @@ def test_float64_is_bitwise_pytorch(attributes, data_format):
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners, data_format))
 
 
-@pytest.fixture
-def threads():
-    """Set torch's (and so the engine's) thread count inside a test, restoring it after."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("smooth", [True, False], ids=["smooth", "random"])
 @pytest.mark.parametrize("mode, data_format", [("bilinear", "NCDHW"), ("nearest", "NCDHW"), ("bilinear", "NDHWC")])

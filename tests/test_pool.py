@@ -32,13 +32,6 @@ def path(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 @numba.njit(nogil=True)
 def _mark(marks, failing, part):
     if part == failing:
@@ -52,15 +45,11 @@ def test_every_part_runs_once(path, threads, count, tasks):
     """Parts beyond the thread count wait their turn; none runs twice or not at all."""
     threads(count)
     marks = np.zeros(tasks + 1, np.int64)
-    # two launches: parts 0 .. tasks - 2 of one, then the last part of another
-    launches = [(_mark, (marks, -1), tasks - 1), (_mark, (marks[tasks - 1:], -1), 1)] if tasks > 1 \
-        else [(_mark, (marks, -1), 1)]
-    pool.run_together(launches)
+    # two launches: parts 0 .. tasks - 2 of one (none where tasks is 1), then the last part of another
+    pool.run_together([(_mark, (marks, -1), tasks - 1), (_mark, (marks[tasks - 1:], -1), 1)])
     expected = np.zeros(tasks + 1, np.int64)
     expected[:tasks - 1] = np.arange(1, tasks)
     expected[tasks - 1] = 1
-    if tasks == 1:
-        expected[0] = 1
     assert np.array_equal(marks, expected), marks
 
 

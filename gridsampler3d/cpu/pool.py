@@ -130,13 +130,14 @@ class _OpenMPTeam:
         self._thread_num = runtime.omp_get_thread_num
         self._thread_count = runtime.omp_get_num_threads
         self._thread_num.restype = self._thread_count.restype = ctypes.c_int
-        self._body = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_share)
+        self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_share)  # kept alive with the team
+        self._body = ctypes.cast(self._callback, ctypes.c_void_p)
         self._regions = {}  # key -> (tasks, errors) of the regions running now, from any Python thread
         self._keys = itertools.count(1)
 
     def _run_share(self, key) -> None:
         tasks, errors = self._regions[key]
-        for index in range(self._thread_num(), len(tasks), max(1, self._thread_count())):
+        for index in range(self._thread_num(), len(tasks), self._thread_count()):
             kernel, operands, part = tasks[index]
             try:
                 kernel(*operands, part)
@@ -151,8 +152,7 @@ class _OpenMPTeam:
         try:
             # A thread per task, at most torch's count (the region reuses torch's threads);
             # ctypes lets the GIL go for the region's length.
-            self._parallel(ctypes.cast(self._body, ctypes.c_void_p), key,
-                           min(len(tasks), max(1, torch.get_num_threads())), 0)
+            self._parallel(self._body, key, min(len(tasks), max(1, torch.get_num_threads())), 0)
         finally:
             del self._regions[key]
         if errors:
@@ -175,19 +175,19 @@ def _torch_openmp_team() -> _OpenMPTeam | None:
         return None
     home = os.path.dirname(os.path.realpath(torch.__file__))
     try:
-        with open("/proc/self/maps") as maps:
-            mapped = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
+        with open("/proc/self/maps") as maps:  # address, permissions, offset, device, inode, path
+            mapped = {fields[5].strip() for fields in (line.split(None, 5) for line in maps) if len(fields) == 6}
     except OSError:
         try:
             mapped = {os.path.join(home, "lib", name) for name in os.listdir(os.path.join(home, "lib"))}
         except OSError:
             return None
     runtimes = sorted(path for path in mapped if _OPENMP_RUNTIME.search(path))
-    own = [path for path in runtimes if os.path.realpath(path).startswith(home + os.sep)]
-    if len(own) != 1 and not (not own and len(runtimes) == 1):
+    chosen = [path for path in runtimes if os.path.realpath(path).startswith(home + os.sep)] or runtimes
+    if len(chosen) != 1:
         return None
     try:
-        return _OpenMPTeam(ctypes.CDLL((own or runtimes)[0]))
+        return _OpenMPTeam(ctypes.CDLL(chosen[0]))
     except (OSError, AttributeError):  # not loadable, or without GOMP_parallel
         return None
 
