@@ -48,10 +48,10 @@ def _kernels_used(run) -> list:
     seen = {}
     launch = pool.run_together
 
-    def recording(launches):
-        for kernel, _, _ in launches:
+    def recording(launches, shared=()):
+        for kernel, _, _ in (*launches, *shared):
             seen[id(kernel)] = kernel
-        return launch(launches)
+        return launch(launches, shared)
 
     pool.run_together = recording
     try:

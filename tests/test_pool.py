@@ -64,6 +64,54 @@ def test_an_error_in_a_part_is_raised_after_every_part_finished(path, threads, f
     assert np.array_equal(marks, expected), marks
 
 
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("fixed, shared", [(1, 5), (2, 9), (0, 4), (3, 1)])
+def test_shared_parts_run_once_each_after_a_threads_own(path, threads, count, fixed, shared):
+    threads(count)
+    order = []  # (thread, launch, part) as the parts start
+
+    def record(marks, launch, part):
+        order.append((threading.get_native_id(), launch, part))
+        marks[part] += 1
+
+    own, extra = np.zeros(fixed, np.int64), np.zeros(shared, np.int64)
+    pool.run_together([(record, (own, "own"), fixed)] if fixed else [], [(record, (extra, "shared"), shared)])
+    assert own.tolist() == [1] * fixed and extra.tolist() == [1] * shared, order
+    for thread in {thread for thread, _, _ in order}:
+        launches = [launch for other, launch, _ in order if other == thread]
+        assert launches == sorted(launches), order  # "own" before "shared"
+    assert [part for _, launch, part in order if launch == "shared"] == list(range(shared))  # taken in order
+
+
+def test_a_free_thread_takes_the_shared_parts_while_another_is_busy(path, threads):
+    """The thread with a long part of its own leaves every shared part to the other thread."""
+    threads(2)
+    done = threading.Event()
+    taken = []
+
+    def long_part(part):
+        assert done.wait(timeout=60), "the shared parts were not taken by the free thread"
+
+    def short_part(part):
+        taken.append(threading.get_native_id())
+        if len(taken) == 6:
+            done.set()
+
+    pool.run_together([(long_part, (), 1)], [(short_part, (), 6)])
+    assert len(taken) == 6 and threading.get_native_id() not in taken and len(set(taken)) == 1, taken
+
+
+@pytest.mark.parametrize("failing", [0, 3])
+def test_an_error_in_a_shared_part_is_raised_after_every_part_finished(path, threads, failing):
+    threads(2)
+    own, extra = np.zeros(2, np.int64), np.zeros(4, np.int64)
+    with pytest.raises(ValueError, match="this part fails"):
+        pool.run_together([(_mark, (own, -1), 2)], [(_mark, (extra, failing), 4)])
+    expected = np.arange(1, 5)
+    expected[failing] = 0
+    assert np.array_equal(own, [1, 2]) and np.array_equal(extra, expected), (own, extra)
+
+
 def test_parts_run_where_the_path_says(path, threads):
     """On the team, part 0 on the calling thread and the others on OpenMP threads, the same ones call after call."""
     threads(2)

@@ -147,26 +147,28 @@ def _threads(values: int) -> int:
     return threads if values >= tuning.PARALLEL_VALUES else 1
 
 
-def _launch(build, launches, parts: int, together: bool = False) -> None:
+def _launch(build, launches, together: bool = False, shared=()) -> None:
     """Run ``build(False)(*arguments, unresolved)`` for each launch in turn, ``unresolved`` one flag per part.
 
     With ``together`` the launches run at once instead (:func:`.pool.run_together`), each
-    with flags of its own; they must write disjoint elements. If a launch flags a part (a
+    with flags of its own, and so do the ``shared`` launches, whose parts go to whichever
+    thread is free; all must write disjoint elements. If a launch flags a part (a
     reflection coordinate beyond the fast kernel's exact range, see
     :func:`.forward.forward_kernel`), every launch runs again with ``build(True)``, the
     kernel that takes libm's remainder, compiled only when first needed.
     """
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
-        if together:
-            flags = [np.zeros(parts, np.int64) for _ in launches]
-            pool.run_together([kernel.launch(*arguments, unresolved)
-                               for arguments, unresolved in zip(launches, flags)])
+        if together or shared:
+            flags = [np.zeros(kernel.part_count(*arguments), np.int64) for arguments in (*launches, *shared)]
+            prepared = [kernel.launch(*arguments, unresolved)
+                        for arguments, unresolved in zip((*launches, *shared), flags)]
+            pool.run_together(prepared[:len(launches)], prepared[len(launches):])
             if not any(unresolved.any() for unresolved in flags):
                 return
             continue
-        unresolved = np.zeros(parts, np.int64)
         for arguments in launches:
+            unresolved = np.zeros(kernel.part_count(*arguments), np.int64)
             kernel(*arguments, unresolved)
             if unresolved.any():
                 break
@@ -245,10 +247,9 @@ class NumbaBackend:
                 # group's rows split among the threads.
                 _launch(kernel, [(*_from_channel(x_flat, x_strides, low), grid_flat, grid_strides,
                                   *_from_channel(y_flat, y_strides, low), batch, high - low, *shapes[2:], threads)
-                                 for low, high in _groups(channels, group)], threads)
+                                 for low, high in _groups(channels, group)])
             else:
-                _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)],
-                        threads)
+                _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)])
         return round_once(y, dtype).contiguous(memory_format=layout)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
@@ -338,7 +339,7 @@ class NumbaBackend:
             """
             if smooth or not dgrid_by_channels:
                 _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
-                                  True, no_carry, 0)], threads)
+                                  True, no_carry, 0)])
                 return
             chunk = max(1, tuning.CARRY_BYTES // (24 * out_sizes[2]))  # rows: 3 float64 sums per point
             carry = np.empty(3 * min(chunk, rows) * out_sizes[2])
@@ -350,7 +351,7 @@ class NumbaBackend:
                 # The groups in turn; _launch reruns them all exactly when one flags a far reflection.
                 _launch(kernel, [channel_slice(low, high, parts, False, True, sums,
                                                3 if high == channels else (1 if low == 0 else 2))
-                                 for low, high in _groups(channels, dgrid_group)], threads)
+                                 for low, high in _groups(channels, dgrid_group)])
 
         if not want_dx:
             if want_dgrid:
@@ -373,13 +374,14 @@ class NumbaBackend:
         if threads > 1 and coherent:
             # The grid gradient on some threads while the others add dx: vector gathers on one,
             # the scalar scatter on the other, which share a core's ports better than two
-            # copies of the fused pass (docs/cpu.md, "Parallel passes").
-            dgrid_parts = threads // 2
-            _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, dgrid_parts), *shapes, False,
-                              True, no_carry, 0),
-                             (*operands, row_first, row_last, slabs(threads - dgrid_parts), *shapes, True, False,
-                              no_carry, 0)],
-                    threads, together=True)
+            # copies of the fused pass (docs/cpu.md, "Parallel passes"). The grid gradient
+            # comes in short runs of rows that any thread takes up once its dx slab is done,
+            # so that both passes end together however unequal they are.
+            dx_parts = threads - threads // 2
+            _launch(kernel, [(*operands, row_first, row_last, slabs(dx_parts), *shapes, True, False, no_carry, 0)],
+                    shared=[(*operands, row_first, row_last,
+                             row_parts(rows, planes, min(rows, tuning.SHARED_RUNS * threads)), *shapes, False, True,
+                             no_carry, 0)])
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread walks a smooth grid once for both outputs, below FUSED_CHANNELS; else
         # the grid gradient takes a pass of its own, by rows, before dx.
@@ -389,11 +391,10 @@ class NumbaBackend:
         if by_channels and not smooth:
             # A random grid scatters every channel's taps over its whole plane: dx a group of
             # channels at a time keeps the group's planes in the cache while every point adds
-            # into them (each launch computes every point's taps again), the groups of one
-            # round on the threads at once. Each voxel still sums in point order.
-            launches = [channel_slice(low, high, whole, True, False) for low, high in _groups(channels, group)]
-            for first in range(0, len(launches), threads):
-                _launch(kernel, launches[first:first + threads], threads, together=True)
+            # into them (each launch computes every point's taps again), each free thread
+            # taking the next group. Each voxel still sums in point order.
+            _launch(kernel, [], shared=[channel_slice(low, high, whole, True, False)
+                                        for low, high in _groups(channels, group)])
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         if threads == 2 and layout != torch.channels_last_3d and channels >= 2:
             # dx by two channel groups, each part owning every plane of its channels: the two
@@ -402,9 +403,9 @@ class NumbaBackend:
             # Each part computes every point's taps.
             half = channels // 2
             _launch(kernel, [channel_slice(0, half, whole, True, False),
-                             channel_slice(half, channels, whole, True, False)], threads, together=True)
+                             channel_slice(half, channels, whole, True, False)], together=True)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
-        _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused, no_carry, 0)], threads)
+        _launch(kernel, [(*operands, row_first, row_last, slabs(threads), *shapes, True, fused, no_carry, 0)])
         return self._finish(dx, dgrid, dtype, layout, output_mask)
 
     @staticmethod

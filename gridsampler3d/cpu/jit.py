@@ -218,10 +218,14 @@ class Parallel:
     def __call__(self, *operands):
         pool.run_parts(*self.launch(*operands))
 
+    def part_count(self, *operands) -> int:
+        """How many parts a call with ``operands`` runs."""
+        parts = operands[self._parts_at]
+        return len(parts) if hasattr(parts, "__len__") else int(parts)
+
     def launch(self, *operands):
         """(part kernel, operands with the scratch appended, part count): a launch for :func:`.pool.run_together`."""
-        parts = operands[self._parts_at]
-        count = len(parts) if hasattr(parts, "__len__") else int(parts)
+        count = self.part_count(*operands)
         if self._scratch is not None:
             operands += self._scratch(count, *operands)
         return self.part, operands, count

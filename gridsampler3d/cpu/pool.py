@@ -29,6 +29,7 @@ A forked child, a torch whose threads are not OpenMP's, or ``GRIDSAMPLER3D_OPENM
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
 import functools
@@ -120,7 +121,8 @@ class _OpenMPTeam:
 
     ``runtime`` is the OpenMP library torch runs on (GNU libgomp, or a runtime with its
     entry points: LLVM's libomp, Intel's libiomp5). Each thread of the region calls back
-    into Python, runs its tasks (kernels that release the GIL) and keeps their errors.
+    into Python, runs its tasks (kernels that release the GIL), then takes shared ones while
+    any are left, and keeps their errors.
     """
 
     def __init__(self, runtime: ctypes.CDLL):
@@ -132,31 +134,26 @@ class _OpenMPTeam:
         self._thread_num.restype = self._thread_count.restype = ctypes.c_int
         self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_share)  # kept alive with the team
         self._body = ctypes.cast(self._callback, ctypes.c_void_p)
-        self._regions = {}  # key -> (tasks, errors) of the regions running now, from any Python thread
+        self._regions = {}  # key -> (tasks, fixed, queue, errors) of the regions running now, from any Python thread
         self._keys = itertools.count(1)
 
     def _run_share(self, key) -> None:
-        tasks, errors = self._regions[key]
-        for index in range(self._thread_num(), len(tasks), self._thread_count()):
-            kernel, operands, part = tasks[index]
-            try:
-                kernel(*operands, part)
-            except BaseException as error:  # raised in run(), on the calling thread
-                errors.append((index, error))
+        tasks, fixed, queue, errors = self._regions[key]
+        _run_share(tasks, fixed, queue, errors, self._thread_num(), self._thread_count())
 
-    def run(self, tasks) -> None:
-        """Run every ``(kernel, operands, part)`` of ``tasks``, the first on the calling thread; raise the first task's error."""
+    def run(self, tasks, fixed: int, team: int) -> None:
+        """Run ``tasks`` (``(kernel, operands, part)``; the first ``fixed`` given out in turn, the rest shared, see
+        :func:`_run_share`) on ``team`` threads of the OpenMP team, the calling thread among them; raise the
+        first failed task's error."""
         key = next(self._keys)
         errors = []
-        self._regions[key] = (tasks, errors)
+        self._regions[key] = (tasks, fixed, collections.deque(range(fixed, len(tasks))), errors)
         try:
-            # A thread per task, at most torch's count (the region reuses torch's threads);
-            # ctypes lets the GIL go for the region's length.
-            self._parallel(self._body, key, min(len(tasks), max(1, torch.get_num_threads())), 0)
+            # The region reuses torch's threads; ctypes lets the GIL go for its length.
+            self._parallel(self._body, key, team, 0)
         finally:
             del self._regions[key]
-        if errors:
-            raise min(errors, key=lambda indexed: indexed[0])[1]
+        _raise_first(errors)
 
 
 _OPENMP_RUNTIME = re.compile(r"(?:^|/)lib(gomp|i?omp5?)([-.][^/]*)?\.(so|dylib)([.][^/]*)?$")
@@ -199,35 +196,71 @@ def run_parts(kernel, operands, parts: int) -> None:
     """Run ``kernel(*operands, part)`` for every part 0 .. ``parts`` - 1 at once; return when all are done.
 
     ``kernel`` releases the GIL (a part kernel, :func:`.jit.part_kernel`). Part 0 runs on
-    the calling thread, the others on the engine's worker threads. Which thread runs a
-    part never changes a result: the parts write disjoint elements. An error in any part
-    is raised here once every part has finished.
+    the calling thread, the others on torch's OpenMP team or the engine's worker threads.
+    Which thread runs a part never changes a result: the parts write disjoint elements. An
+    error in any part is raised here once every part has finished.
     """
     run_together([(kernel, operands, parts)])
 
 
-def run_together(launches) -> None:
+def run_together(launches, shared=()) -> None:
     """Run every part of every launch ``(kernel, operands, parts)`` at once, as :func:`run_parts` runs one launch's.
 
     The launches must write disjoint elements (and each part its own scratch); the first
-    launch's part 0 runs on the calling thread.
+    launch's part 0 runs on the calling thread. The parts of the ``shared`` launches are
+    taken in order by whichever thread has finished the parts it was given: many short
+    parts there even out fixed parts of unequal length (a grid gradient beside dx).
+    Threads: torch's count, at most one per part.
     """
     tasks = [(kernel, operands, part) for kernel, operands, parts in launches for part in range(parts)]
-    if len(tasks) <= 1:
+    fixed = len(tasks)
+    tasks += [(kernel, operands, part) for kernel, operands, parts in shared for part in range(parts)]
+    team = min(len(tasks), max(1, torch.get_num_threads()))
+    if team <= 1:
         for kernel, operands, part in tasks:
             kernel(*operands, part)
         return
     if _team is not None:
-        _team.run(tasks)
+        _team.run(tasks, fixed, team)
         return
-    others = [_worker_pool().submit(kernel, *operands, part) for kernel, operands, part in tasks[1:]]
-    kernel, operands, part = tasks[0]
+    queue = collections.deque(range(fixed, len(tasks)))
+    errors = []
+    others = [_worker_pool().submit(_run_share, tasks, fixed, queue, errors, thread, team)
+              for thread in range(1, team)]
     try:
-        kernel(*operands, part)
+        _run_share(tasks, fixed, queue, errors, 0, team)
     finally:
         concurrent.futures.wait(others)
-    for other in others:
-        other.result()
+    _raise_first(errors)
+
+
+def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -> None:
+    """Thread ``thread`` of ``team``: fixed tasks ``thread``, ``thread + team``, ... below ``fixed``, then queued ones.
+
+    ``queue`` holds the indices of the shared tasks not yet taken (a deque: taking one is
+    atomic). Errors are kept as (index, error) in ``errors``.
+    """
+    def run(index):
+        kernel, operands, part = tasks[index]
+        try:
+            kernel(*operands, part)
+        except BaseException as error:  # raised by the caller once every task is done
+            errors.append((index, error))
+
+    for index in range(thread, fixed, team):
+        run(index)
+    while True:
+        try:
+            index = queue.popleft()
+        except IndexError:
+            return
+        run(index)
+
+
+def _raise_first(errors: list) -> None:
+    """Raise the error of the earliest task that failed, if any did."""
+    if errors:
+        raise min(errors, key=lambda indexed: indexed[0])[1]
 
 
 def exclusive(method):
