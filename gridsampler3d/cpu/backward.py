@@ -27,13 +27,15 @@ def _scratch(parts: int, *operands):
 
     In the kernel's order: sides (6 entries per point), weights (8), pairs (12: the separable
     gradient's pair weights, or the exact gradient's eight tap values), mx, my,
-    mz, grad_x, grad_y, grad_z (1 each); offsets (8), corner, dx_corner, inside, lowest,
-    taps (1 each); ``BLOCK`` points; then the run of planes zeroed (2 entries, see
-    :func:`zero_reached`). See :func:`.jit.part_kernel`.
+    mz, grad_x, grad_y, grad_z (1 each), ``BLOCK`` points each; terms (3 per channel, one
+    point's); offsets (8), corner, dx_corner, inside, lowest, taps (1 each), ``BLOCK``
+    points; then the run of planes zeroed (2 entries, see :func:`zero_reached`). See
+    :func:`.jit.part_kernel`.
     """
+    channels = operands[14]
     reals = tuple(np.empty((parts, entries * BLOCK)) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
     integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1, 1))
-    return reals, integers + (np.empty((parts, 2), np.int64),)
+    return reals + (np.empty((parts, 3 * channels)),), integers + (np.empty((parts, 2), np.int64),)
 
 
 @helper
@@ -143,10 +145,11 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         carry = borrowed(carry_operand)
         points = carry.size // 3  # each component's row of sums in carry
         # This part's rows of the scratch arrays (see _scratch)
-        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z = reals
+        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z, terms = reals
         sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
         mx, my, mz = borrowed(mx)[part], borrowed(my)[part], borrowed(mz)[part]
         grad_x, grad_y, grad_z = borrowed(grad_x)[part], borrowed(grad_y)[part], borrowed(grad_z)[part]
+        terms = borrowed(terms)[part]
         offsets, corner, dx_corner, inside, lowest, taps, zeroed = integers
         offsets, corner, dx_corner = borrowed(offsets)[part], borrowed(corner)[part], borrowed(dx_corner)[part]
         inside, lowest, taps = borrowed(inside)[part], borrowed(lowest)[part], borrowed(taps)[part]
@@ -157,6 +160,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         dx_spatial = (dx_strides[2], dx_strides[3], dx_strides[4])
         # Contiguous channels: each tap's dx update runs over the channels innermost.
         channel_inner = channels >= VECTOR_CHANNELS and grad_strides[1] == 1 and dx_strides[1] == 1
+        # Contiguous channels of x too: the separable grid gradient reads each tap's channels as a vector.
+        x_channel_inner = channels >= VECTOR_CHANNELS and grad_strides[1] == 1 and x_strides[1] == 1
         # With zeros padding the multipliers are these constant slopes (coords.source_index);
         # otherwise phase A leaves them per point in mx, my, mz.
         zeros = padding == ZEROS
@@ -234,6 +239,10 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     if exact:
                         _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
                                        sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
+                    elif channels_last and x_channel_inner:  # a constant first: see forward_kernel
+                        _pair_weights(count, sides, pairs)
+                        _grid_gradient_channels_inner(count, grad, grad_at, grad_strides[4], x, x_batch, channels,
+                                                      inside, offsets, pairs, terms, grad_x, grad_y, grad_z)
                     else:
                         _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
                                                  channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
@@ -326,13 +335,7 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
     each channel costs 8 gathers and about 35 operations instead of about 100. The sums
     continue from what grad_x/y/z hold, as in :func:`_grid_gradient`.
     """
-    for pair in range(12):
-        # pair = 4 * axis + edge: the product of the other two axes' sides (edge & 1, edge >> 1)
-        axis, low, high = pair >> 2, pair & 1, (pair >> 1) & 1
-        first = low if axis else 2 + low
-        second = 2 + high if axis == 2 else 4 + high
-        for i in range(count):  # one store per loop, so that it vectorises
-            pairs[slot(pair, i)] = sides[slot(first, i)] * sides[slot(second, i)]
+    _pair_weights(count, sides, pairs)
     for c in range(channels):
         source = x_batch + c * x_strides[1]
         at = grad_at + c * grad_strides[1]
@@ -355,6 +358,84 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
             grad_x[i] += along_x * g
             grad_y[i] += along_y * g
             grad_z[i] += along_z * g
+
+
+@helper
+def _pair_weights(count, sides, pairs):
+    """pairs[slot(4 * axis + edge, i)]: the product of the other two axes' sides of edge ``edge`` of point i."""
+    for pair in range(12):
+        # the other two axes' sides: (edge & 1, edge >> 1)
+        axis, low, high = pair >> 2, pair & 1, (pair >> 1) & 1
+        first = low if axis else 2 + low
+        second = 2 + high if axis == 2 else 4 + high
+        for i in range(count):  # one store per loop, so that it vectorises
+            pairs[slot(pair, i)] = sides[slot(first, i)] * sides[slot(second, i)]
+
+
+# Called, not inlined, as the other channels-last paths.
+@outlined_helper
+def _grid_gradient_channels_inner(count, grad, grad_at, grad_step, x, x_batch, channels, inside, offsets, pairs,
+                                  terms, grad_x, grad_y, grad_z):
+    """Channels-last :func:`_grid_gradient_separable`, bit for bit: each tap's channels read as one vector.
+
+    Per point, each channel's three terms ``along * g`` are computed across the channels
+    (contiguous loads instead of a lane-by-lane gather per channel and tap), then summed
+    onto grad_x/y/z[i] channel by channel, the separable pass's order. ``terms`` holds
+    one point's 3 * ``channels`` terms.
+    """
+    term_x, term_y, term_z = terms[:channels], terms[channels:2 * channels], terms[2 * channels:3 * channels]
+    for i in range(count):
+        bits = inside[i]
+        # The eight taps' channel vectors (an outside tap's offset is 0: a valid row, read as 0 below).
+        v0 = x[x_batch + offsets[slot(0, i)]:x_batch + offsets[slot(0, i)] + channels]
+        v1 = x[x_batch + offsets[slot(1, i)]:x_batch + offsets[slot(1, i)] + channels]
+        v2 = x[x_batch + offsets[slot(2, i)]:x_batch + offsets[slot(2, i)] + channels]
+        v3 = x[x_batch + offsets[slot(3, i)]:x_batch + offsets[slot(3, i)] + channels]
+        v4 = x[x_batch + offsets[slot(4, i)]:x_batch + offsets[slot(4, i)] + channels]
+        v5 = x[x_batch + offsets[slot(5, i)]:x_batch + offsets[slot(5, i)] + channels]
+        v6 = x[x_batch + offsets[slot(6, i)]:x_batch + offsets[slot(6, i)] + channels]
+        v7 = x[x_batch + offsets[slot(7, i)]:x_batch + offsets[slot(7, i)] + channels]
+        g_row = grad[grad_at + i * grad_step:grad_at + i * grad_step + channels]
+        in0, in1, in2, in3 = bits & 1, (bits >> 1) & 1, (bits >> 2) & 1, (bits >> 3) & 1
+        in4, in5, in6, in7 = (bits >> 4) & 1, (bits >> 5) & 1, (bits >> 6) & 1, (bits >> 7) & 1
+        px0, px1, px2, px3 = pairs[slot(0, i)], pairs[slot(1, i)], pairs[slot(2, i)], pairs[slot(3, i)]
+        py0, py1, py2, py3 = pairs[slot(4, i)], pairs[slot(5, i)], pairs[slot(6, i)], pairs[slot(7, i)]
+        pz0, pz1, pz2, pz3 = pairs[slot(8, i)], pairs[slot(9, i)], pairs[slot(10, i)], pairs[slot(11, i)]
+        for c in range(channels):
+            a0 = float(v0[c]) if in0 else 0.0
+            a1 = float(v1[c]) if in1 else 0.0
+            a2 = float(v2[c]) if in2 else 0.0
+            a3 = float(v3[c]) if in3 else 0.0
+            a4 = float(v4[c]) if in4 else 0.0
+            a5 = float(v5[c]) if in5 else 0.0
+            a6 = float(v6[c]) if in6 else 0.0
+            a7 = float(v7[c]) if in7 else 0.0
+            g = float(g_row[c])
+            # The separable pass's edges in its order (taps: bit 0 x, bit 1 y, bit 2 z)
+            along_x = 0.0
+            along_x += px0 * (a1 - a0)
+            along_x += px1 * (a3 - a2)
+            along_x += px2 * (a5 - a4)
+            along_x += px3 * (a7 - a6)
+            along_y = 0.0
+            along_y += py0 * (a2 - a0)
+            along_y += py1 * (a3 - a1)
+            along_y += py2 * (a6 - a4)
+            along_y += py3 * (a7 - a5)
+            along_z = 0.0
+            along_z += pz0 * (a4 - a0)
+            along_z += pz1 * (a5 - a1)
+            along_z += pz2 * (a6 - a2)
+            along_z += pz3 * (a7 - a3)
+            term_x[c] = along_x * g
+            term_y[c] = along_y * g
+            term_z[c] = along_z * g
+        sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
+        for c in range(channels):
+            sum_x += term_x[c]
+            sum_y += term_y[c]
+            sum_z += term_z[c]
+        grad_x[i], grad_y[i], grad_z[i] = sum_x, sum_y, sum_z
 
 
 @helper

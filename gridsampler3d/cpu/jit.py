@@ -53,12 +53,13 @@ class _PlainTypeDispatcher(CPUDispatcher):
         return super().get_call_template(args, kws)
 
 
-def _declare(func, **options):
+def _declare(func, cache: bool = True, **options):
     # Helpers are called from kernels only: no wrappers to call them from Python or C.
     options = {**_OPTIONS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True, **options}
     dispatcher = _PlainTypeDispatcher(py_func=func, locals={}, targetoptions=options)
     _compile_without_aliases(dispatcher)
-    _enable_caching(dispatcher)
+    if cache:
+        _enable_caching(dispatcher)
     return dispatcher
 
 
@@ -74,9 +75,12 @@ def helper(func):
     return _declare(func, forceinline=True)
 
 
-def outlined_helper(func):
-    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it (``noalias`` too)."""
-    return _declare(func)
+def outlined_helper(func, cache: bool = True):
+    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it (``noalias`` too).
+
+    ``cache=False`` compiles without the disk cache (whose code cannot be inspected).
+    """
+    return _declare(func, cache)
 
 
 class _NoAliasCompiler(_FunctionCompiler):
