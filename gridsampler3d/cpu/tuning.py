@@ -37,11 +37,16 @@ SHARED_RUNS = 8
 FUSED_CHANNELS = 8
 
 # The passes over a random grid (forward, grid gradient, dx), in NCDHW, take this many
-# bytes of channel planes at a time (about a core's L2 cache): a random grid's taps land
-# all over each plane, and with every channel's plane in play at once nearly every gather
-# and read-modify-write missed the caches (rand64, one thread, a plane at a time: the
-# forward 0.42 to 0.46 and the backward 0.58 of the time).
-SCATTER_CACHE_BYTES = 1 << 20
+# bytes of channel planes at a time: a random grid's taps land all over each plane, and
+# with every channel's plane in play at once nearly every gather and read-modify-write
+# missed the caches (rand64, one thread, a plane at a time: the forward 0.42 to 0.46 and
+# the backward 0.58 of the time). Each group computes the points' coordinates again, so
+# a group of a few planes beats one plane while the group stays within a share of the L3
+# cache: random grids over 64³ float32 planes of 1 MiB, groups of 1, 2, 4 and 8 planes,
+# one thread: forward 44, 36, 32 and 34 ms, backward 172, 126, 98 and 116 ms; 32³ planes
+# with 64 channels: 8 to 64 planes per group within 10%; 96³ planes (3.4 MiB): 1 and 2
+# planes alike, 4 planes 1.7 times the time.
+SCATTER_CACHE_BYTES = 4 << 20
 
 # The grid gradient's groups of channels carry each point's three float64 sums from one
 # group to the next; they run over chunks of rows whose sums take at most this many bytes,
