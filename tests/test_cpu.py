@@ -543,6 +543,19 @@ def test_channels_last_grid_gradient_stays_vectorised():
     assert len(re.findall(r"\bv(?:add|sub|mul)pd\s+%[yz]mm", assembly)) >= 20
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.float32])
+@pytest.mark.parametrize("parts, entries", [(1, 1), (2, 16), (3, 48), (4, 2), (2, 0), (5, 1024)])
+def test_each_parts_scratch_row_has_cache_lines_of_its_own(parts, entries, dtype):
+    """No two parts' scratch rows share a 64-byte line (threads storing into them would fight over it)."""
+    from gridsampler3d.cpu.jit import part_rows
+
+    rows = part_rows(parts, entries, dtype)
+    assert rows.dtype == dtype and rows.shape[0] == parts and rows.shape[1] >= entries and rows.flags.c_contiguous
+    for part in range(parts if entries else 0):  # an empty row holds nothing to share
+        start = rows[part].ctypes.data
+        assert start % 64 == 0 and (rows.shape[1] * rows.itemsize) % 64 == 0, (part, start, rows.shape)
+
+
 @pytest.mark.slow
 def test_offsets_beyond_int32(tmp_path):
     """A volume of more than 2^31 voxels: gathers and scatters at its far corner land exactly."""

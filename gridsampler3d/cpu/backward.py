@@ -16,7 +16,7 @@ import numpy as np
 
 from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST, ZEROS
-from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, zero_elements
+from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 ALL_TAPS = 255
@@ -33,9 +33,9 @@ def _scratch(parts: int, *operands):
     :func:`.jit.part_kernel`.
     """
     channels = operands[14]
-    reals = tuple(np.empty((parts, entries * BLOCK)) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
-    integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1, 1))
-    return reals + (np.empty((parts, 3 * channels)),), integers + (np.empty((parts, 2), np.int64),)
+    reals = tuple(part_rows(parts, entries * BLOCK) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
+    integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1, 1))
+    return reals + (part_rows(parts, 3 * channels),), integers + (part_rows(parts, 2, np.int64),)
 
 
 @helper

@@ -16,7 +16,7 @@ import numpy as np
 
 from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells, unsigned
 from .coords import NEAREST
-from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel
+from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -139,9 +139,8 @@ def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, 
     totals (one per channel); offsets (8), corner, unused, inside, lowest (1 each);
     ``BLOCK`` points. See :func:`.jit.part_kernel`.
     """
-    reals = (np.empty((parts, 6 * BLOCK)), np.empty((parts, 8 * BLOCK)), np.empty((parts, 0)),
-             np.empty((parts, channels)))
-    integers = tuple(np.empty((parts, entries * BLOCK), np.int64) for entries in (8, 1, 1, 1, 1))
+    reals = tuple(part_rows(parts, entries) for entries in (6 * BLOCK, 8 * BLOCK, 0, channels))
+    integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1))
     return reals, integers
 
 
