@@ -127,11 +127,11 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
         # The three launches of dx come last, handed out together to the threads as they
         # become free, twice (the far point flags every launch).
         assert rounds[-2:] == [3, 3], rounds
-        # The forward too: three launches, one after the other; the first flags the far
-        # point, and all three run again with the exact kernel.
+        # The forward too: three launches handed out together; one flags the far point,
+        # and all three run again with the exact kernel.
         rounds.clear()
         y = gs.grid_sampler3d(x, grid, mode, "reflection", False, backend="numba")
-        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False)) and rounds == [1] * 4
+        assert _equal(y, precision.golden_forward(x, grid, mode, "reflection", False)) and rounds == [3, 3]
     # float32: the separable grid gradient continued across groups gives the one-pass bits.
     in_groups = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
     assert all(torch.equal(a, b) for a, b in zip(in_groups, in_one_pass))
@@ -185,7 +185,8 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
 
 
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
-    """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, one part per thread."""
+    """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, the forward's rows run
+    as tuning.SHARED_RUNS runs per thread."""
     from conftest import DEFAULT_PARALLEL_VALUES
     from gridsampler3d.cpu import pool, tuning
 
@@ -193,13 +194,13 @@ def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     threads(2)
     split = (gs.grid_sampler3d(x, grid, backend="numba"), *gs.grid_sampler3d_backward(grad, x, grid, backend="numba"))
     parts = []
-    run_parts = pool.run_parts
+    run_together = pool.run_together
 
-    def counted(kernel, operands, count):
-        parts.append(count)
-        run_parts(kernel, operands, count)
+    def counted(launches, shared=()):
+        parts.append(sum(count for _, _, count in (*launches, *shared)))
+        run_together(launches, shared)
 
-    monkeypatch.setattr(pool, "run_parts", counted)
+    monkeypatch.setattr(pool, "run_together", counted)
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", DEFAULT_PARALLEL_VALUES)
     assert grad.numel() < DEFAULT_PARALLEL_VALUES
     whole = (gs.grid_sampler3d(x, grid, backend="numba"), *gs.grid_sampler3d_backward(grad, x, grid, backend="numba"))
@@ -208,7 +209,7 @@ def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", grad.numel())
     parts.clear()
     gs.grid_sampler3d(x, grid, backend="numba")
-    assert parts == [2]
+    assert parts == [2 * tuning.SHARED_RUNS]  # of its 42 rows
 
 
 def _flat_inputs(grad, x, grid):

@@ -147,6 +147,15 @@ def _threads(values: int) -> int:
     return threads if values >= tuning.PARALLEL_VALUES else 1
 
 
+def _runs(threads: int, rows: int) -> int:
+    """How many parts a pass by rows is cut into, for the threads to take in turn (:func:`_launch`'s ``shared``).
+
+    ``tuning.SHARED_RUNS`` per thread, so that a thread that runs slower (or rows that
+    cost more) leave the others no more than a short run's wait; one part on one thread.
+    """
+    return 1 if threads == 1 else max(1, min(rows, tuning.SHARED_RUNS * threads))
+
+
 def _launch(build, launches, together: bool = False, shared=()) -> None:
     """Run ``build(False)(*arguments, unresolved)`` for each launch in turn, ``unresolved`` one flag per part.
 
@@ -241,15 +250,19 @@ class NumbaBackend:
             out_sizes, (grid_strides,), (y_strides,) = _long_rows(out_sizes, threads, (grid_strides,), (y_strides,),
                                                                   voxels, random)
             shapes = shapes[:3] + (out_sizes,)
+            # Runs of rows that the threads take in turn.
+            runs = _runs(threads, batch * out_sizes[0] * out_sizes[1])
             if random:
                 # A random grid gathers from all over every channel's plane: a group of
-                # channels at a time, one after the other, as dx (see _backward), each
-                # group's rows split among the threads.
-                _launch(kernel, [(*_from_channel(x_flat, x_strides, low), grid_flat, grid_strides,
-                                  *_from_channel(y_flat, y_strides, low), batch, high - low, *shapes[2:], threads)
-                                 for low, high in _groups(channels, group)])
+                # channels at a time, as dx (see _backward), the threads taking the first
+                # group's runs, then the next group's.
+                _launch(kernel, [], shared=[(*_from_channel(x_flat, x_strides, low), grid_flat, grid_strides,
+                                             *_from_channel(y_flat, y_strides, low), batch, high - low, *shapes[2:],
+                                             runs)
+                                            for low, high in _groups(channels, group)])
             else:
-                _launch(kernel, [(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, threads)])
+                _launch(kernel, [], shared=[(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes,
+                                             runs)])
         return round_once(y, dtype).contiguous(memory_format=layout)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
@@ -338,8 +351,9 @@ class NumbaBackend:
             reflection in any group reruns the chunk's groups exactly.
             """
             if smooth or not dgrid_by_channels:
-                _launch(kernel, [(*operands, row_first, row_last, row_parts(rows, planes, threads), *shapes, False,
-                                  True, no_carry, 0)])
+                _launch(kernel, [], shared=[(*operands, row_first, row_last, row_parts(rows, planes,
+                                                                                       _runs(threads, rows)),
+                                             *shapes, False, True, no_carry, 0)])
                 return
             chunk = max(1, tuning.CARRY_BYTES // (24 * out_sizes[2]))  # rows: 3 float64 sums per point
             carry = np.empty(3 * min(chunk, rows) * out_sizes[2])
@@ -379,9 +393,8 @@ class NumbaBackend:
             # so that both passes end together however unequal they are.
             dx_parts = threads - threads // 2
             _launch(kernel, [(*operands, row_first, row_last, slabs(dx_parts), *shapes, True, False, no_carry, 0)],
-                    shared=[(*operands, row_first, row_last,
-                             row_parts(rows, planes, min(rows, tuning.SHARED_RUNS * threads)), *shapes, False, True,
-                             no_carry, 0)])
+                    shared=[(*operands, row_first, row_last, row_parts(rows, planes, _runs(threads, rows)), *shapes,
+                             False, True, no_carry, 0)])
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         # One thread walks a smooth grid once for both outputs, below FUSED_CHANNELS; else
         # the grid gradient takes a pass of its own, by rows, before dx.

@@ -22,11 +22,12 @@ LONG_ROW_POINTS = 1024
 # smaller call would not win back.
 PARALLEL_VALUES = 1 << 15
 
-# Beside dx at several threads, the grid gradient of a smooth grid runs as this many runs
-# of rows per thread, taken in turn by whichever thread is free, the dx threads once their
-# slabs are done: the grid gradient's pass and dx's differ by up to 2x (cl64, channels-
-# last: 29 ms against 15 ms at two threads), and with a fixed half each the shorter one's
-# thread waited.
+# At several threads, a pass by rows (the forward, the grid gradient) runs as this many
+# runs of rows per thread, each taken by whichever thread is free (beside dx, by the dx
+# threads too once their slabs are done): with one fixed part per thread, one part
+# often ended 10 to 60% after the other, and the grid gradient beside dx took up to
+# twice dx's time (cl64, channels-last: 29 ms against 15 ms at two threads), the other
+# thread waiting (docs/cpu.md, "Runs of rows, taken in turn").
 SHARED_RUNS = 8
 
 # One thread computes dx and dgrid of a smooth grid in one walk only below this many
