@@ -132,28 +132,23 @@ class _OpenMPTeam:
         self._thread_num = runtime.omp_get_thread_num
         self._thread_count = runtime.omp_get_num_threads
         self._thread_num.restype = self._thread_count.restype = ctypes.c_int
-        self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run_share)  # kept alive with the team
+        self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._region_body)  # kept alive with the team
         self._body = ctypes.cast(self._callback, ctypes.c_void_p)
         self._regions = {}  # key -> (tasks, fixed, queue, errors) of the regions running now, from any Python thread
         self._keys = itertools.count(1)
 
-    def _run_share(self, key) -> None:
-        tasks, fixed, queue, errors = self._regions[key]
-        _run_share(tasks, fixed, queue, errors, self._thread_num(), self._thread_count())
+    def _region_body(self, key) -> None:
+        _run_share(*self._regions[key], self._thread_num(), self._thread_count())
 
-    def run(self, tasks, fixed: int, team: int) -> None:
-        """Run ``tasks`` (``(kernel, operands, part)``; the first ``fixed`` given out in turn, the rest shared, see
-        :func:`_run_share`) on ``team`` threads of the OpenMP team, the calling thread among them; raise the
-        first failed task's error."""
+    def run(self, tasks, fixed: int, queue, errors: list, team: int) -> None:
+        """:func:`_run_share` on ``team`` threads of the OpenMP team, the calling thread among them."""
         key = next(self._keys)
-        errors = []
-        self._regions[key] = (tasks, fixed, collections.deque(range(fixed, len(tasks))), errors)
+        self._regions[key] = (tasks, fixed, queue, errors)
         try:
             # The region reuses torch's threads; ctypes lets the GIL go for its length.
             self._parallel(self._body, key, team, 0)
         finally:
             del self._regions[key]
-        _raise_first(errors)
 
 
 _OPENMP_RUNTIME = re.compile(r"(?:^|/)lib(gomp|i?omp5?)([-.][^/]*)?\.(so|dylib)([.][^/]*)?$")
@@ -220,18 +215,19 @@ def run_together(launches, shared=()) -> None:
         for kernel, operands, part in tasks:
             kernel(*operands, part)
         return
-    if _team is not None:
-        _team.run(tasks, fixed, team)
-        return
     queue = collections.deque(range(fixed, len(tasks)))
     errors = []
-    others = [_worker_pool().submit(_run_share, tasks, fixed, queue, errors, thread, team)
-              for thread in range(1, team)]
-    try:
-        _run_share(tasks, fixed, queue, errors, 0, team)
-    finally:
-        concurrent.futures.wait(others)
-    _raise_first(errors)
+    if _team is not None:
+        _team.run(tasks, fixed, queue, errors, team)
+    else:
+        others = [_worker_pool().submit(_run_share, tasks, fixed, queue, errors, thread, team)
+                  for thread in range(1, team)]
+        try:
+            _run_share(tasks, fixed, queue, errors, 0, team)
+        finally:
+            concurrent.futures.wait(others)
+    if errors:  # the earliest task's error
+        raise min(errors, key=lambda indexed: indexed[0])[1]
 
 
 def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -> None:
@@ -255,12 +251,6 @@ def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -
         except IndexError:
             return
         run(index)
-
-
-def _raise_first(errors: list) -> None:
-    """Raise the error of the earliest task that failed, if any did."""
-    if errors:
-        raise min(errors, key=lambda indexed: indexed[0])[1]
 
 
 def exclusive(method):
