@@ -105,3 +105,18 @@ def test_freed_blocks_are_trimmed_at_once_and_oversized_ones_not_kept(monkeypatc
     # No call since: the finalisers themselves held the cache to its limit.
     assert len(buffers._returned) == 0
     assert 0 < buffers._free_bytes <= 1 << 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_tensors_come_from_the_cache_too(dtype):
+    """The channels-last copies of half data (cpu.transpose) take cached blocks: dtype and strides as asked."""
+    first = buffers.empty((2, 3, 40, 50, 60), dtype, torch.channels_last_3d)
+    layout = torch.empty(first.shape, memory_format=torch.channels_last_3d).stride()
+    assert first.dtype == dtype and first.stride() == layout
+    first.fill_(1.5)
+    assert torch.equal(first, torch.full(first.shape, 1.5, dtype=dtype))
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    second = buffers.empty((2, 3, 40, 50, 60), dtype)
+    assert second.data_ptr() == address and second.dtype == dtype and second.is_contiguous()

@@ -184,6 +184,87 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
         assert all(_equal(a, b) for a, b in zip(*runs)), count
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 2, 3, 5), (2, 3, 3, 5, 7), (3, 17, 4, 5, 6), (1, 16, 8, 8, 8)],
+                         ids=["1ch", "3ch", "17ch", "16ch"])
+def test_channels_last_copies_keep_every_bit(dtype, shape, threads):
+    """transpose.to_channels_last / to_contiguous: the same elements (NaN payloads too), in the other layout.
+
+    Shapes with whole and partial steps of points (8 float32 at a time), and channels
+    past the last four; the copies' parts split the steps at 2 and 3 threads.
+    """
+    from gridsampler3d.cpu import transpose
+
+    bits = torch.randint(-2 ** 15, 2 ** 15, shape, generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    tensor = bits.to(torch.int16).view(dtype) if dtype.itemsize == 2 else (
+        bits.to(torch.int64 if dtype.itemsize == 8 else torch.int32) * 65537).view(dtype)
+    integers = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    for count in (1, 2, 3):
+        threads(count)
+        last = transpose.to_channels_last(tensor)
+        assert last.is_contiguous(memory_format=torch.channels_last_3d) and last.shape == tensor.shape
+        assert torch.equal(last.view(integers), tensor.view(integers))
+        back = transpose.to_contiguous(last)
+        assert back.is_contiguous() and torch.equal(back.view(integers), tensor.view(integers))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("padding, align_corners, channels", [("zeros", False, 16), ("border", True, 17),
+                                                              ("reflection", False, 19)])
+def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, align_corners, channels, threads,
+                                                                 monkeypatch):
+    """NCDHW data with many channels on a smooth grid: the channels-last kernels on copies, the same bits.
+
+    Against the NCDHW kernels (``tuning.COPIED_CHANNELS`` out of reach), for each output
+    mask, the fused warp as well, at 1, 2 and 3 threads; the copies are counted, so the
+    test fails if the path is not taken. A random grid and float64 data keep the NCDHW
+    kernels.
+    """
+    from gridsampler3d.cpu import transpose, tuning
+
+    grad, x, _ = make_case(2, channels, (6, 7, 9), (5, 6, 11), torch.float64)
+    grid = cases.warp_grid(2, (5, 6, 11), magnitude=0.2, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(2)
+    # The warp's output has the volume's sizes; a smooth displacement of a third of a voxel
+    displacement = torch.randn(2, 3, 6, 7, 9, generator=generator, dtype=torch.float64) / 3
+    warp_grad = torch.randn(2, channels, 6, 7, 9, generator=generator, dtype=torch.float64)
+    grad, x, grid, displacement, warp_grad = (t.to(dtype) for t in (grad, x, grid, displacement, warp_grad))
+    copies = []
+    to_channels_last = transpose.to_channels_last
+
+    def counted(tensor):
+        copies.append(tensor.shape)
+        return to_channels_last(tensor)
+
+    monkeypatch.setattr(transpose, "to_channels_last", counted)
+
+    def both(copied: bool):
+        monkeypatch.setattr(tuning, "COPIED_CHANNELS", 16 if copied else 10 ** 9)
+        copies.clear()
+        results = []
+        for mask in ((True, True), (True, False), (False, True)):
+            results += gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, align_corners,
+                                                  output_mask=mask, backend="numba")
+            results += gs.warp3d_backward(warp_grad, x, displacement, "bilinear", padding, align_corners,
+                                          output_mask=mask, backend="numba")
+        return results, len(copies)
+
+    for count in (1, 2, 3):
+        threads(count)
+        (ncdhw, none), (copied, made) = both(False), both(True)
+        # grad and x for both outputs and the grid gradient alone; grad alone for dx (float32 only)
+        assert none == 0 and made == 2 * (2 + 2 + (1 if dtype == torch.float32 else 0)), made
+        for a, b in zip(ncdhw, copied):
+            assert (a is None and b is None) or (_equal(a, b) and a.stride() == b.stride())
+    # Not taken: a random grid (every channel's plane at once), float64
+    copies.clear()
+    random_grid = (torch.rand(grid.shape, generator=torch.Generator().manual_seed(3)) * 2.2 - 1.1).to(dtype)
+    gs.grid_sampler3d_backward(grad, x, random_grid, "bilinear", padding, align_corners, backend="numba")
+    gs.grid_sampler3d_backward(grad.double(), x.double(), grid.double(), "bilinear", padding, align_corners,
+                               backend="numba")
+    assert copies == []
+
+
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, the forward's rows run
     as tuning.SHARED_RUNS runs per thread."""

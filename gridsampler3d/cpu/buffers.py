@@ -33,7 +33,8 @@ __all__ = ["cached_bytes", "empty", "release"]
 
 _ALIGN = 64  # bytes, as PyTorch aligns its CPU tensors
 _GRAIN = 64 << 10  # block sizes are rounded up to this, so that near sizes share blocks
-_TYPESTR = {torch.float32: "<f4", torch.float64: "<f8"}
+# NumPy's type of each dtype's elements (bfloat16's bits as int16: NumPy has no bfloat16)
+_TYPESTR = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.bfloat16: "<i2"}
 
 _lock = threading.Lock()
 _free: collections.OrderedDict[int, list[np.ndarray]] = collections.OrderedDict()  # size -> blocks, oldest first
@@ -102,11 +103,11 @@ def _block(size: int) -> np.ndarray:
 
 
 def empty(shape, dtype: torch.dtype, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
-    """An uninitialised float32 or float64 CPU tensor of ``shape``, dense in ``memory_format``, like ``torch.empty``.
+    """An uninitialised floating-point CPU tensor of ``shape``, dense in ``memory_format``, like ``torch.empty``.
 
     Its memory is a released block of an earlier output of the same size where one is
     cached; tensors below :data:`.tuning.CACHED_MIN_BYTES` (which ``malloc`` reuses
-    anyway), other dtypes, and any call while caching is off (``CACHED_BYTES`` 0) get
+    anyway), dtypes other than the four floating ones, and any call while caching is off (``CACHED_BYTES`` 0) get
     ``torch.empty``'s own.
     """
     shape = tuple(int(size) for size in shape)
@@ -116,7 +117,8 @@ def empty(shape, dtype: torch.dtype, memory_format: torch.memory_format = torch.
     strides = torch.empty(shape, dtype=dtype, memory_format=memory_format, device="meta").stride()
     block = _block(-(-(nbytes + _ALIGN) // _GRAIN) * _GRAIN)
     array = np.asarray(_Lease(block, shape, [stride * dtype.itemsize for stride in strides], _TYPESTR[dtype]))
-    return torch.from_numpy(array)
+    tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if tensor.dtype != dtype else tensor
 
 
 def cached_bytes() -> int:

@@ -37,6 +37,13 @@ SHARED_RUNS = 8
 # 1.01 and 0.98 of the time; reg128 and warp128 (1) 1.04 and 1.12, up2x (4) 1.03).
 FUSED_CHANNELS = 8
 
+# A bilinear backward of dense NCDHW float32 or half data with at least this many
+# channels, on a smooth grid, runs the channels-last kernels on channels-last copies of
+# grad and x and copies dx back (engine._copies_pay): each tap's channels are then one
+# vector load and one vector read-modify-write of dx, where NCDHW loads and adds them one
+# by one (docs/cpu.md, "Channels-last copies").
+COPIED_CHANNELS = 16
+
 # The passes over a random grid (forward, grid gradient, dx), in NCDHW, take this many
 # bytes of channel planes at a time: a random grid's taps land all over each plane, and
 # with every channel's plane in play at once nearly every gather and read-modify-write
