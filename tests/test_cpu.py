@@ -215,10 +215,10 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
                                                                  monkeypatch):
     """NCDHW data with many channels on a smooth grid: the channels-last kernels on copies, the same bits.
 
-    Against the NCDHW kernels (``tuning.COPIED_CHANNELS`` out of reach), for each output
-    mask, the fused warp as well, at 1, 2 and 3 threads; the copies are counted, so the
-    test fails if the path is not taken. A random grid and float64 data keep the NCDHW
-    kernels.
+    Against the NCDHW kernels (``tuning.COPIED_CHANNELS`` and ``COPIED_HALF_CHANNELS`` out
+    of reach), for each output mask, the fused warp as well, at 1, 2 and 3 threads; the
+    copies are counted, so the test fails if the path is not taken. A random grid, float64
+    data and views that are not dense keep the NCDHW kernels.
     """
     from gridsampler3d.cpu import transpose, tuning
 
@@ -240,6 +240,7 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
 
     def both(copied: bool):
         monkeypatch.setattr(tuning, "COPIED_CHANNELS", 16 if copied else 10 ** 9)
+        monkeypatch.setattr(tuning, "COPIED_HALF_CHANNELS", 8 if copied else 10 ** 9)
         copies.clear()
         results = []
         for mask in ((True, True), (True, False), (False, True)):
@@ -256,12 +257,18 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
         assert none == 0 and made == 2 * (2 + 2 + (1 if dtype == torch.float32 else 0)), made
         for a, b in zip(ncdhw, copied):
             assert (a is None and b is None) or (_equal(a, b) and a.stride() == b.stride())
-    # Not taken: a random grid (every channel's plane at once), float64
+    # Half data from 8 channels on (its NCDHW kernels read float64 copies), float32 from 16
+    copies.clear()
+    gs.grid_sampler3d_backward(grad[:, :8].contiguous(), x[:, :8].contiguous(), grid, "bilinear", padding,
+                               align_corners, backend="numba")
+    assert len(copies) == (0 if dtype == torch.float32 else 2)
+    # Not taken: a random grid (every channel's plane at once), float64, a view that is not dense
     copies.clear()
     random_grid = (torch.rand(grid.shape, generator=torch.Generator().manual_seed(3)) * 2.2 - 1.1).to(dtype)
     gs.grid_sampler3d_backward(grad, x, random_grid, "bilinear", padding, align_corners, backend="numba")
     gs.grid_sampler3d_backward(grad.double(), x.double(), grid.double(), "bilinear", padding, align_corners,
                                backend="numba")
+    gs.grid_sampler3d_backward(grad, x[:, :, :, :, :8], grid, "bilinear", padding, align_corners, backend="numba")
     assert copies == []
 
 

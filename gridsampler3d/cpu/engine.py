@@ -193,14 +193,16 @@ def _launch(build, launches, together: bool = False, shared=()) -> None:
 def _copies_pay(grad, x, field, interpolation, align_corners: bool, voxels: bool, want_dgrid: bool) -> bool:
     """Whether a backward runs faster on channels-last copies of its NCDHW operands (:mod:`.transpose`).
 
-    Bilinear float32 and half data with at least ``tuning.COPIED_CHANNELS`` channels, dense
-    NCDHW, on a smooth grid: a random grid's taps land all over every channel's plane,
-    which the NCDHW passes take a group of channels at a time (and channels-last cannot).
-    float64's grid gradient (PyTorch's exact terms) gains nothing channels-last, and half
-    data's dx alone gained nothing either (bf16, 0.98 to 1.08 of the time).
+    Bilinear float32 data with at least ``tuning.COPIED_CHANNELS`` channels (half data:
+    ``tuning.COPIED_HALF_CHANNELS``), dense NCDHW, on a smooth grid: a random grid's taps
+    land all over every channel's plane, which the NCDHW passes take a group of channels
+    at a time (and channels-last cannot). float64's grid gradient (PyTorch's exact terms)
+    gains nothing channels-last, and half data's dx alone gained nothing either (bf16,
+    0.98 to 1.08 of the time).
     """
-    if (interpolation != Interpolation.BILINEAR or x.dtype == torch.float64 or x.shape[1] < tuning.COPIED_CHANNELS
-            or not (want_dgrid or x.dtype == torch.float32)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if (interpolation != Interpolation.BILINEAR or x.dtype == torch.float64 or (half and not want_dgrid)
+            or x.shape[1] < (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS)
             or not (x.is_contiguous() and grad.is_contiguous()) or x.numel() == 0 or grad.numel() == 0):
         return False
     out_sizes = field.shape[2:4] if voxels else field.shape[1:3]
