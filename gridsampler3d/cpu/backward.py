@@ -29,13 +29,14 @@ def _scratch(parts: int, grad, grad_strides, x, x_strides, grid, grid_strides, d
     In the kernel's order: sides (6 entries per point), weights (8), pairs (12: the separable
     gradient's pair weights, or the exact gradient's eight tap values), mx, my,
     mz, grad_x, grad_y, grad_z (1 each), ``BLOCK`` points each; terms (3 per channel, one
-    point's); offsets (8), corner, dx_corner, inside, lowest, taps (1 each), ``BLOCK``
+    point's); coords (3 per point, ``BLOCK`` points); offsets (8), corner, dx_corner, inside, lowest, taps (1 each), ``BLOCK``
     points; then the run of planes zeroed (2 entries, see :func:`zero_reached`). See
     :func:`.jit.part_kernel`.
     """
     reals = tuple(part_rows(parts, entries * BLOCK) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
     integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1, 1))
-    return reals + (part_rows(parts, 3 * channels),), integers + (part_rows(parts, 2, np.int64),)
+    return reals + (part_rows(parts, 3 * channels), part_rows(parts, 3 * BLOCK)), integers + (
+        part_rows(parts, 2, np.int64),)
 
 
 @helper
@@ -145,11 +146,11 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
         carry = borrowed(carry_operand)
         points = carry.size // 3  # each component's row of sums in carry
         # This part's rows of the scratch arrays (see _scratch)
-        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z, terms = reals
+        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z, terms, coords = reals
         sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
         mx, my, mz = borrowed(mx)[part], borrowed(my)[part], borrowed(mz)[part]
         grad_x, grad_y, grad_z = borrowed(grad_x)[part], borrowed(grad_y)[part], borrowed(grad_z)[part]
-        terms = borrowed(terms)[part]
+        terms, coords = borrowed(terms)[part], borrowed(coords)[part]
         offsets, corner, dx_corner, inside, lowest, taps, zeroed = integers
         offsets, corner, dx_corner = borrowed(offsets)[part], borrowed(corner)[part], borrowed(dx_corner)[part]
         inside, lowest, taps = borrowed(inside)[part], borrowed(lowest)[part], borrowed(taps)[part]
@@ -206,13 +207,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                 origin = (float(start), float(h), float(d))
                 if nearest:
                     if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                     align_corners, False, exact_remainder, voxels, origin, dx_spatial, dx_corner,
-                                     inside, lowest):
+                                     align_corners, False, exact_remainder, voxels, origin, dx_spatial, coords,
+                                     dx_corner, inside, lowest):
                         unresolved[part] = 1
                         break
                 elif trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
                                      align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
-                                     sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
+                                     coords, sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
                     unresolved[part] = 1
                     break
                 if do_dx:

@@ -38,19 +38,48 @@ def slot(k, i):
 
 
 @helper
-def _point(grid, point, component, sizes, padding, align_corners, forward, exact, voxels, origin_x, origin_y,
-           origin_z):
-    """(ix, iy, iz, mx, my, mz, resolved) of the grid point whose x sits at ``point``.
+def grid_coordinates(grid, first, step, component, count, coords):
+    """coords[slot(a, i)] (a = 0, 1, 2: x, y, z): the grid components of point i, as float64.
+
+    Point i's x component sits at ``first + i * step`` in the flat ``grid``, its y and z
+    ``component`` and twice that after it. The two dense layouts are read through views of
+    their rows, whose indices are provably non-negative: a contiguous grid (x, y, z
+    interleaved, step 3) as one row, a displacement's contiguous rows (step 1) as three.
+    Read by flat index, each component was an emulated gather with a wrap-around select
+    per lane, about a third of the fused warp's phase A (docs/cpu.md, "Per-phase profile").
+    Any other strides are read element by element.
+    """
+    if step == 3 and component == 1:
+        row = grid[first:first + 3 * count]
+        for i in range(count):
+            coords[i] = float(row[3 * i])
+            coords[slot(1, i)] = float(row[3 * i + 1])
+            coords[slot(2, i)] = float(row[3 * i + 2])
+    elif step == 1:
+        for axis in range(3):
+            start = first + axis * component
+            row = grid[start:start + count]
+            along = coords[axis * BLOCK:axis * BLOCK + count]
+            for i in range(count):
+                along[i] = float(row[i])
+    else:
+        for i in range(count):
+            point = first + i * step
+            coords[i] = float(grid[point])
+            coords[slot(1, i)] = float(grid[point + component])
+            coords[slot(2, i)] = float(grid[point + 2 * component])
+
+
+@helper
+def _point(coords, i, sizes, padding, align_corners, forward, exact, voxels, origin_x, origin_y, origin_z):
+    """(ix, iy, iz, mx, my, mz, resolved) of point i, whose grid components are in ``coords`` (:func:`grid_coordinates`).
 
     With ``voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
     """
     depth, height, width = sizes
-    ix, mx, done_x = source_index(float(grid[point]), width, padding, align_corners, forward, exact, voxels,
-                                  origin_x)
-    iy, my, done_y = source_index(float(grid[point + component]), height, padding, align_corners, forward, exact,
-                                  voxels, origin_y)
-    iz, mz, done_z = source_index(float(grid[point + 2 * component]), depth, padding, align_corners, forward, exact,
-                                  voxels, origin_z)
+    ix, mx, done_x = source_index(coords[i], width, padding, align_corners, forward, exact, voxels, origin_x)
+    iy, my, done_y = source_index(coords[slot(1, i)], height, padding, align_corners, forward, exact, voxels, origin_y)
+    iz, mz, done_z = source_index(coords[slot(2, i)], depth, padding, align_corners, forward, exact, voxels, origin_z)
     return ix, iy, iz, mx, my, mz, done_x & done_y & done_z
 
 
@@ -76,12 +105,13 @@ def _side_bits(low, size, low_taps, high_taps):
 
 @helper
 def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
-                    origin, spatial, other_spatial, sides, corner, other_corner, inside, lowest, multipliers, mx, my,
-                    mz):
+                    origin, spatial, other_spatial, coords, sides, corner, other_corner, inside, lowest, multipliers,
+                    mx, my, mz):
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
-    apart in the flat ``grid``. With ``voxels`` they are a displacement in voxels and
+    apart in the flat ``grid`` (read into the scratch ``coords``, 3 * ``BLOCK`` entries, by
+    :func:`grid_coordinates`). With ``voxels`` they are a displacement in voxels and
     point i's identity position is (origin[0] + i, origin[1], origin[2]). Fills:
 
     - ``sides[slot(s, i)]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
@@ -98,11 +128,11 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
     (:func:`.forward.forward_kernel`).
     """
     depth, height, width = sizes
+    grid_coordinates(grid, first, step, component, count, coords)
     unresolved = 0
     for i in range(count):
-        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(grid, first + i * step, component, sizes, padding,
-                                                          align_corners, forward, exact, voxels, origin[0] + i,
-                                                          origin[1], origin[2])
+        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(coords, i, sizes, padding, align_corners, forward, exact,
+                                                          voxels, origin[0] + i, origin[1], origin[2])
         unresolved += 1 - done
         x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
         sides[i] = x_low + 1.0 - ix
@@ -124,16 +154,17 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
 
 @helper
 def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels, origin,
-                  spatial, corner, inside, lowest):
+                  spatial, coords, corner, inside, lowest):
     """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
 
     Arguments and result as :func:`trilinear_cells`.
     """
     depth, height, width = sizes
+    grid_coordinates(grid, first, step, component, count, coords)
     unresolved = 0
     for i in range(count):
-        ix, iy, iz, _, _, _, done = _point(grid, first + i * step, component, sizes, padding, align_corners, forward,
-                                           exact, voxels, origin[0] + i, origin[1], origin[2])
+        ix, iy, iz, _, _, _, done = _point(coords, i, sizes, padding, align_corners, forward, exact, voxels,
+                                           origin[0] + i, origin[1], origin[2])
         unresolved += 1 - done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
         x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,

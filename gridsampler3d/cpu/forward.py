@@ -59,8 +59,9 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
         y = borrowed(y_operand)
         unresolved = borrowed(unresolved_operand)
         # This part's rows of the scratch arrays (see _scratch)
-        sides, weights, no_multipliers, totals = reals  # the forward needs no multipliers
+        sides, weights, no_multipliers, totals, coords = reals  # the forward needs no multipliers
         sides, weights, totals = borrowed(sides)[part], borrowed(weights)[part], borrowed(totals)[part]
+        coords = borrowed(coords)[part]
         no_multipliers = borrowed(no_multipliers)[part]
         offsets, corner, unused, inside, lowest = integers
         offsets, corner, unused = borrowed(offsets)[part], borrowed(corner)[part], borrowed(unused)[part]
@@ -88,8 +89,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                 origin = (float(start), float(h), float(d))
                 if nearest:
                     if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                     align_corners, True, exact_remainder, voxels, origin, spatial, corner, inside,
-                                     lowest):
+                                     align_corners, True, exact_remainder, voxels, origin, spatial, coords, corner,
+                                     inside, lowest):
                         unresolved[part] = 1
                         break
                     for c in range(channels):
@@ -104,8 +105,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                             y[target + i * y_strides[4]] = _nearest_value(x, source, corner, inside, i)
                     continue
                 if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                   align_corners, True, exact_remainder, voxels, origin, spatial, spatial, sides,
-                                   corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
+                                   align_corners, True, exact_remainder, voxels, origin, spatial, spatial, coords,
+                                   sides, corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
                                    no_multipliers):
                     unresolved[part] = 1
                     break
@@ -136,10 +137,10 @@ def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, 
     """(reals, integers): the arrays a forward pass works in, each with one row per part.
 
     In the kernel's order: sides (6 entries per point), weights (8), no multipliers (none),
-    totals (one per channel); offsets (8), corner, unused, inside, lowest (1 each);
-    ``BLOCK`` points. See :func:`.jit.part_kernel`.
+    totals (one per channel), coords (3 per point); offsets (8), corner, unused, inside,
+    lowest (1 each); ``BLOCK`` points. See :func:`.jit.part_kernel`.
     """
-    reals = tuple(part_rows(parts, entries) for entries in (6 * BLOCK, 8 * BLOCK, 0, channels))
+    reals = tuple(part_rows(parts, entries) for entries in (6 * BLOCK, 8 * BLOCK, 0, channels, 3 * BLOCK))
     integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1))
     return reals, integers
 
