@@ -272,6 +272,33 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
     assert copies == []
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_every_way_of_reading_the_grid_gives_the_same_bits(mode, threads):
+    """Phase A reads a grid's components as one interleaved row (a contiguous grid), as three rows (components
+    one element apart along x: a displacement, or a grid stored component by component) or element by element
+    (other strides): the same values, so the same bits, forward and backward, at 1 and 2 threads."""
+    grad, x, grid = make_case(2, 3, (6, 7, 8), (4, 5, 19), torch.float32, low=-1.2, high=1.2)
+    grid.view(-1)[::11] = float("nan")
+    planes = grid.permute(0, 4, 1, 2, 3).contiguous().permute(0, 2, 3, 4, 1)  # x stride 1
+    spaced = torch.empty(2, 4, 5, 19, 6).copy_(torch.cat([grid, grid], -1))[..., :3]  # x stride 6
+    displacement = torch.randn(2, 3, 6, 7, 8, generator=torch.Generator().manual_seed(4)) * 2
+    warp_grad = torch.randn(2, 3, 6, 7, 8, generator=torch.Generator().manual_seed(5))
+    as_rows = displacement.permute(0, 2, 3, 4, 1).contiguous()  # (N, D, H, W, 3): step 3, read element by element
+    for count in (1, 2):
+        threads(count)
+        runs = [(gs.grid_sampler3d(x, g, mode, "reflection", backend="numba"),
+                 *gs.grid_sampler3d_backward(grad, x, g, mode, "reflection", backend="numba"))
+                for g in (grid, planes, spaced)]
+        for other in runs[1:]:
+            assert all(_equal(a, b) for a, b in zip(runs[0], other))
+        warps = [(gs.warp3d(x, d, mode, "border", displacement_format=f, backend="numba"),
+                  *gs.warp3d_backward(warp_grad, x, d, mode, "border", displacement_format=f, backend="numba"))
+                 for d, f in ((displacement, "N3DHW"), (as_rows, "NDHW3"))]
+        (y, dx, ddisplacement), (y_rows, dx_rows, ddisplacement_rows) = warps
+        assert _equal(y, y_rows) and _equal(dx, dx_rows)
+        assert _equal(ddisplacement, ddisplacement_rows.permute(0, 4, 1, 2, 3))
+
+
 def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, the forward's rows run
     as tuning.SHARED_RUNS runs per thread."""
