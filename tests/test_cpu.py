@@ -690,3 +690,25 @@ def test_offsets_beyond_int32(tmp_path):
     assert dx[0, 0, -1, -1, -1] == grad.sum()
     assert float(dx.sum()) == float(grad.sum())  # nothing landed anywhere else
     assert not dgrid.any()
+
+
+def test_a_kernels_disk_cache_entry_is_keyed_by_every_engine_source(monkeypatch):
+    """Editing a helper's file (not the kernel's) must not load a kernel compiled with the old helper."""
+    from gridsampler3d.cpu import jit
+
+    _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
+    gs.grid_sampler3d(x, grid, backend="numba")  # bilinear, zeros, align_corners False: compiled or loaded
+    kernel = forward_kernel(0, 0, False, False, False, channels_last=False).part
+    signature = kernel.signatures[0]
+    codegen = kernel.targetctx.codegen()
+    key = kernel._cache._index_key(signature, codegen)
+    assert jit._engine_sources() in key
+    # Another source text gives another key.
+    jit._engine_sources.cache_clear()
+    monkeypatch.setattr(jit.pathlib.Path, "read_bytes", lambda path: b"edited " + path.name.encode())
+    try:
+        assert kernel._cache._index_key(signature, codegen) != key
+    finally:
+        monkeypatch.undo()
+        jit._engine_sources.cache_clear()
+    assert kernel._cache._index_key(signature, codegen) == key

@@ -23,7 +23,9 @@ changes machine code only, never a result.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import pathlib
 
 import llvmlite.binding
 import numpy as np
@@ -158,15 +160,28 @@ def gathers_in_use() -> bool:
     return hardware_gathers_pay(_cpu_name())
 
 
-class _BuildCache(FunctionCache):
-    """Numba's disk cache with the build (gathers or lane-by-lane loads) in every entry's key.
+@functools.cache
+def _engine_sources() -> str:
+    """A digest of the CPU engine's source files: the helpers that every kernel inlines live in them."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
-    Numba keys an entry by signature, CPU and the function's code; the build is none of
-    them, so without it a cache written by the other build would be loaded as it is.
+
+class _BuildCache(FunctionCache):
+    """Numba's disk cache with the build (gathers or lane-by-lane loads) and the engine's sources in every entry's key.
+
+    Numba keys an entry by signature, CPU and the function's own code, and drops the entry
+    when the function's file changes; the build is none of them, so without it a cache
+    written by the other build would be loaded as it is. Nor are the helpers a kernel
+    calls: a kernel cached before a helper's file (such as :mod:`.block`) changed would
+    load with the old helper compiled into it.
     """
 
     def _index_key(self, sig, codegen):
-        return (*super()._index_key(sig, codegen), "gathers" if gathers_in_use() else "lane loads")
+        return (*super()._index_key(sig, codegen), "gathers" if gathers_in_use() else "lane loads",
+                _engine_sources())
 
 
 def _enable_caching(dispatcher):
