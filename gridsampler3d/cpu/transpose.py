@@ -37,22 +37,23 @@ def _quartets(source, target, planar, interleaved, channels, spatial, to_last):
     for c in range(0, channels - 3, 4):
         rows = planar + c * spatial
         if to_last:
-            r0 = source[rows:rows + step]
-            r1 = source[rows + spatial:rows + spatial + step]
-            r2 = source[rows + 2 * spatial:rows + 2 * spatial + step]
-            r3 = source[rows + 3 * spatial:rows + 3 * spatial + step]
+            r0, r1, r2, r3 = _four_rows(source, rows, spatial, step)
             for i in range(step):
                 into = target[interleaved + i * channels + c:interleaved + i * channels + c + 4]
                 into[0], into[1], into[2], into[3] = r0[i], r1[i], r2[i], r3[i]
         else:
-            w0 = target[rows:rows + step]
-            w1 = target[rows + spatial:rows + spatial + step]
-            w2 = target[rows + 2 * spatial:rows + 2 * spatial + step]
-            w3 = target[rows + 3 * spatial:rows + 3 * spatial + step]
+            w0, w1, w2, w3 = _four_rows(target, rows, spatial, step)
             for i in range(step):
                 values = source[interleaved + i * channels + c:interleaved + i * channels + c + 4]
                 w0[i], w1[i], w2[i], w3[i] = values[0], values[1], values[2], values[3]
     _some(source, target, planar, interleaved, channels, spatial, to_last, channels - channels % 4, step)
+
+
+@helper
+def _four_rows(array, first, spatial, step):
+    """Views of ``step`` elements of four channel rows ``spatial`` apart, from ``first`` on."""
+    return (array[first:first + step], array[first + spatial:first + spatial + step],
+            array[first + 2 * spatial:first + 2 * spatial + step], array[first + 3 * spatial:first + 3 * spatial + step])
 
 
 @helper
