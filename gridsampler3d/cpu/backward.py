@@ -29,9 +29,9 @@ def _scratch(parts: int, grad, grad_strides, x, x_strides, grid, grid_strides, d
     In the kernel's order: sides (6 entries per point), weights (8), pairs (12: the separable
     gradient's pair weights, or the exact gradient's eight tap values), mx, my,
     mz, grad_x, grad_y, grad_z (1 each), ``BLOCK`` points each; terms (3 per channel, one
-    point's); coords (3 per point, ``BLOCK`` points); offsets (8), corner, dx_corner, inside, lowest, taps (1 each), ``BLOCK``
-    points; then the run of planes zeroed (2 entries, see :func:`zero_reached`). See
-    :func:`.jit.part_kernel`.
+    point's); coords (3 per point, ``BLOCK`` points); offsets (8), corner, dx_corner,
+    inside, lowest, taps (1 each), ``BLOCK`` points; then the run of planes zeroed (2
+    entries, see :func:`zero_reached`). See :func:`.jit.part_kernel`.
     """
     reals = tuple(part_rows(parts, entries * BLOCK) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
     integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1, 1))

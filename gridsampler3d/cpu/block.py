@@ -73,7 +73,7 @@ def grid_coordinates(grid, first, step, component, count, coords):
 
 @helper
 def _point(coords, i, sizes, padding, align_corners, forward, exact, voxels, origin_x, origin_y, origin_z):
-    """(ix, iy, iz, mx, my, mz, resolved) of point i, whose grid components are in ``coords`` (:func:`grid_coordinates`).
+    """(ix, iy, iz, mx, my, mz, resolved) of point i, its grid components in ``coords`` (:func:`grid_coordinates`).
 
     With ``voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
     """

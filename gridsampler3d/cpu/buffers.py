@@ -107,8 +107,8 @@ def empty(shape, dtype: torch.dtype, memory_format: torch.memory_format = torch.
 
     Its memory is a released block of an earlier output of the same size where one is
     cached; tensors below :data:`.tuning.CACHED_MIN_BYTES` (which ``malloc`` reuses
-    anyway), dtypes other than the four floating ones, and any call while caching is off (``CACHED_BYTES`` 0) get
-    ``torch.empty``'s own.
+    anyway), dtypes other than the four floating ones, and any call while caching is off
+    (``CACHED_BYTES`` 0) get ``torch.empty``'s own.
     """
     shape = tuple(int(size) for size in shape)
     nbytes = math.prod(shape) * dtype.itemsize

@@ -3,9 +3,10 @@
 NCDHW, channels-last and sliced tensors are read in place, with one exception: the
 backward of many-channel NCDHW data on a smooth grid runs on channels-last copies
 (:func:`_copies_pay`, :mod:`.transpose`): the channels-last kernels and the copies
-together take less time than the NCDHW kernels, for the same bits. float16 and bfloat16 operands are widened to float64 once (NumPy has no
-bfloat16), so that every sum that ends in half precision runs in float64 and is rounded
-once; float32 computes in float64 and stores in float32; float64 is exact throughout.
+together take less time than the NCDHW kernels, for the same bits. float16 and bfloat16
+operands are widened to float64 once (NumPy has no bfloat16), so that every sum that
+ends in half precision runs in float64 and is rounded once; float32 computes in float64
+and stores in float32; float64 is exact throughout.
 Outputs and widened copies come from :func:`.buffers.empty` (blocks of earlier calls,
 already mapped).
 """

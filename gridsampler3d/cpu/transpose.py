@@ -3,14 +3,16 @@
 With many channels, the channels-last kernels read each tap's channels as one vector and
 add a tap's weighted grad into dx as one vector, where the NCDHW kernels load every
 channel of every tap lane by lane and add into dx one element at a time. On a smooth
-grid, feat48's backward (32 channels) ran 2.2 times faster channels-last (docs/cpu.md,
-"Channels-last copies"): enough to pay for copying grad and x in and dx out.
+grid, feat48's backward kernels (32 channels) ran 2.2 times faster channels-last
+(docs/cpu.md, "Channels-last copies"): enough to pay for copying grad and x in and dx out.
 
 The copies move elements' bits only (the tensors are viewed as integers of the same
 size), so that float16 and bfloat16 operands are copied before they are widened, at half
 or a quarter of the bytes, and results after they are rounded.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ from .jit import Parallel, borrowed, helper, part_kernel
 
 __all__ = ["to_channels_last", "to_contiguous"]
 
-_PART_ELEMENTS = 1 << 15  # fewer elements per part are copied on one thread
+_PART_ELEMENTS = 1 << 15  # a copy runs on one part per this many elements, at most one per thread
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -52,8 +54,9 @@ def _quartets(source, target, planar, interleaved, channels, spatial, to_last):
 @helper
 def _four_rows(array, first, spatial, step):
     """Views of ``step`` elements of four channel rows ``spatial`` apart, from ``first`` on."""
-    return (array[first:first + step], array[first + spatial:first + spatial + step],
-            array[first + 2 * spatial:first + 2 * spatial + step], array[first + 3 * spatial:first + 3 * spatial + step])
+    second, third, fourth = first + spatial, first + 2 * spatial, first + 3 * spatial
+    return (array[first:first + step], array[second:second + step], array[third:third + step],
+            array[fourth:fourth + step])
 
 
 @helper
@@ -95,15 +98,16 @@ _copy = Parallel(_copy_part)
 
 
 def _bits(tensor: torch.Tensor) -> np.ndarray:
-    """The dense tensor's elements in memory order, as a flat NumPy array of integers of the element's size."""
-    return tensor.view(_BITS[tensor.element_size()]).detach().reshape(-1).numpy() if tensor.is_contiguous() else (
-        tensor.view(_BITS[tensor.element_size()]).detach().permute(0, 2, 3, 4, 1).reshape(-1).numpy())
+    """The elements of ``tensor``, dense NCDHW or channels-last, in memory order: a flat NumPy view of integers of
+    the element's size (no copy: ``view`` raises where one would be needed)."""
+    bits = tensor.detach().view(_BITS[tensor.element_size()])
+    return (bits if tensor.is_contiguous() else bits.permute(0, 2, 3, 4, 1)).view(-1).numpy()
 
 
 def _copy_between(source: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     target = buffers.empty(source.shape, source.dtype, memory_format)
     batch, channels = source.shape[:2]
-    spatial = source[0, 0].numel()
+    spatial = math.prod(source.shape[2:])
     if source.numel():
         parts = max(1, min(pool.threads(), source.numel() // _PART_ELEMENTS))
         _copy(_bits(source), _bits(target), batch, channels, spatial, memory_format == torch.channels_last_3d, parts)
