@@ -378,8 +378,8 @@ class NumbaBackend:
             """The operands of a launch over channels low .. high - 1 only (each computes every point's taps)."""
             return (*_from_channel(grad_flat, grad_strides, low), *_from_channel(x_flat, x_strides, low), grid_flat,
                     grid_strides, *(_from_channel(dx_flat, dx_strides, low) if want_dx else (dx_flat, dx_strides)),
-                    dgrid_flat, dgrid_strides, row_first, row_last, parts, batch, high - low, sizes, out_sizes, want_dx_here, want_dgrid_here,
-                    carry, carry_mode)
+                    dgrid_flat, dgrid_strides, row_first, row_last, parts, batch, high - low, sizes, out_sizes,
+                    want_dx_here, want_dgrid_here, carry, carry_mode)
 
         def dgrid_pass():
             """The grid gradient's pass by rows: a random grid's a group of channels at a time.
