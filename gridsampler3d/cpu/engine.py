@@ -134,6 +134,13 @@ def _row_step(rows: int) -> int:
     return max(1, rows // _SAMPLED_ROWS)
 
 
+def _smooth(field, voxels: bool, depth: int, nearest: bool, align_corners: bool) -> bool:
+    """:func:`.plan.looks_coherent` of a grid, or a displacement (``voxels``), from about ``_SAMPLED_ROWS`` of its
+    output rows; ``depth`` is the input's."""
+    batch, out_depth, out_height = (field.shape[0], *field.shape[2:4]) if voxels else field.shape[:3]
+    return looks_coherent(field, voxels, depth, nearest, align_corners, _row_step(batch * out_depth * out_height))
+
+
 @functools.lru_cache(maxsize=256)
 def _rows_per_long_row(depth: int, height: int, width: int, threads: int) -> int:
     """k of :func:`_long_rows`: the divisor of ``height`` whose rows of k * ``width`` points fill blocks best."""
@@ -208,9 +215,7 @@ def _copies_pay(grad, x, field, interpolation, align_corners: bool, voxels: bool
             or x.shape[1] < (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS)
             or not (x.is_contiguous() and grad.is_contiguous()) or x.numel() == 0 or grad.numel() == 0):
         return False
-    out_sizes = field.shape[2:4] if voxels else field.shape[1:3]
-    return looks_coherent(field, voxels, x.shape[2], False, align_corners,
-                          _row_step(x.shape[0] * out_sizes[0] * out_sizes[1]))
+    return _smooth(field, voxels, x.shape[2], False, align_corners)
 
 
 class NumbaBackend:
@@ -272,9 +277,8 @@ class NumbaBackend:
             kernel = functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
                                        channels_last=layout == torch.channels_last_3d)
             group = _channel_group(x)
-            random = layout != torch.channels_last_3d and channels > group and not looks_coherent(
-                field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners,
-                _row_step(batch * out_sizes[0] * out_sizes[1]))
+            random = layout != torch.channels_last_3d and channels > group and not _smooth(
+                field, voxels, x.shape[2], interpolation == Interpolation.NEAREST, align_corners)
             out_sizes, (grid_strides,), (y_strides,) = _long_rows(out_sizes, threads, (grid_strides,), (y_strides,),
                                                                   voxels, random)
             shapes = shapes[:3] + (out_sizes,)
@@ -356,8 +360,7 @@ class NumbaBackend:
         # ``smooth`` is False and no choice below reads it.
         verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
         asked = dgrid_by_channels or (want_dx and (verdict_counts or by_channels))
-        smooth = asked and looks_coherent(field, voxels, sizes[0], nearest, align_corners,
-                                          _row_step(batch * out_sizes[0] * out_sizes[1]))
+        smooth = asked and _smooth(field, voxels, sizes[0], nearest, align_corners)
         coherent = verdict_counts and smooth
         out_sizes, (grid_strides, dgrid_strides), (grad_strides,) = _long_rows(
             out_sizes, threads, (grid_strides, dgrid_strides), (grad_strides,), voxels, asked and not smooth)

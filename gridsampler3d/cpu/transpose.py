@@ -35,6 +35,8 @@ def _quartets(source, target, planar, interleaved, channels, spatial, to_last):
     (a plain loop over the points at channel stride stayed scalar: 2.4 to 2.7 times the
     time of float32's copy, docs/cpu.md "Channels-last copies").
     """
+    # Derived here, not passed in: Numba optimises a helper in its own module before LLVM
+    # inlines it, so only a constant known inside the helper unrolls its loops.
     step = 32 // source.itemsize
     for c in range(0, channels - 3, 4):
         rows = planar + c * spatial
