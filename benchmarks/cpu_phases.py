@@ -29,7 +29,7 @@ from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu import pool
 from gridsampler3d.cpu.engine import _flat
 from gridsampler3d.cpu.forward import forward_kernel
-from gridsampler3d.cpu.plan import depth_ranges, plan_slabs, row_parts
+from gridsampler3d.cpu.slabs import depth_ranges, plan_slabs, row_parts
 
 
 def _median_ms(run, repeats: int) -> float:

@@ -22,7 +22,7 @@ from .modes import (DisplacementFormat, parse_align_corners, parse_data_format, 
                     parse_interpolation, parse_output_mask, parse_padding)
 from .validate import check_backward, check_deterministic, check_forward, check_warp, check_warp_backward
 
-__all__ = ["grid_sampler3d", "grid_sampler3d_backward", "warp3d", "warp3d_backward"]
+__all__ = ["explain", "grid_sampler3d", "grid_sampler3d_backward", "warp3d", "warp3d_backward"]
 
 
 def _like_caller(tensor, reference_operand):
@@ -218,3 +218,41 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     if dfield is not None:
         dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), caller_displacement)
     return dx, dfield
+
+
+def explain(input, grid, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
+            output_mask=(True, True), data_format="NCDHW", warp=False):
+    """The CPU engine's plan for a call, made as the call would make it, without running any kernel.
+
+    With ``grad`` the plan is the backward's (:func:`grid_sampler3d_backward`), else the
+    forward's (:func:`grid_sampler3d`). With ``warp`` the call is the fused warp
+    (:func:`warp3d`): ``grid`` is then the displacement (N, 3, D, H, W). The plan depends
+    on the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where
+    it matters, on whether the grid is smooth and grad finite (measured here, in torch).
+
+    Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`); CPU tensors.
+
+    Returns:
+        ``gridsampler3d.cpu.planner.Plan``: a frozen record of the strategy and its
+        parameters; ``str(plan)`` reads as one line.
+    """
+    from .cpu.engine import describe
+    from .cpu.planner import Stage, make_plan
+
+    interpolation, padding = parse_interpolation(interpolation_mode), parse_padding(padding_mode)
+    align_corners = parse_align_corners(align_corners)
+    data_format = parse_data_format(data_format)
+    output_mask = parse_output_mask(output_mask)
+    if warp:
+        checked = check_warp(input, grid, data_format, DisplacementFormat.N3DHW) if grad is None else \
+            check_warp_backward(grad, input, grid, data_format, DisplacementFormat.N3DHW)
+    else:
+        checked = check_forward(input, grid, data_format) if grad is None else \
+            check_backward(grad, input, grid, data_format)
+    grad, input, grid = (None, *checked) if grad is None else checked
+    if input.device.type != "cpu":
+        raise ValueError(f"explain: plans are made by the CPU engine; the tensors are on {input.device}")
+    x = to_ncdhw(input, data_format)
+    stage = Stage.FORWARD if grad is None else Stage.BACKWARD
+    return make_plan(describe(stage, x, grid, interpolation, padding, align_corners, voxels=warp,
+                              grad=None if grad is None else to_ncdhw(grad, data_format), output_mask=output_mask))

@@ -3,7 +3,7 @@
     gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
     gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
     gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
-    gridsampler3d bench [--cases ...] [--threads N] [--json FILE] [--plot FILE]
+    gridsampler3d bench [--cases ...] [--threads N] [--explain] [--json FILE] [--plot FILE]
     gridsampler3d backends
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _bench(args: argparse.Namespace) -> int:
     _require_device(args.device)
     try:
         report = bench.run_suite(args.cases, device=args.device, backend=args.backend, repeats=args.repeats,
-                                 threads=args.threads, scale=args.scale)
+                                 threads=args.threads, scale=args.scale, explain=args.explain)
     except (ValueError, RuntimeError) as error:
         raise CliError(str(error)) from None
     if args.json:
@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write the machine-readable report here")
     bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    bench.add_argument("--explain", action="store_true",
+                       help="print each case's plan (the CPU engine's strategy and its parameters) under its times")
     bench.set_defaults(handler=_bench)
 
     listing = commands.add_parser("backends", help="list the backends: whether each runs here (and why not), its "

@@ -19,7 +19,10 @@ from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use, part_kernel
-from gridsampler3d.cpu.plan import depth_ranges, looks_coherent, plan_slabs, row_parts
+from gridsampler3d.cpu.backward import BackwardOperands
+from gridsampler3d.cpu.planner import _rows_per_long_row
+from gridsampler3d.cpu.records import Carry, Geometry, Outputs, RowRanges
+from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 
@@ -152,7 +155,7 @@ def _short_rows(tensor, w_axis):
     ("bilinear", "reflection", torch.float64, "NCDHW", False),
 ], ids=["zeros-fp64", "reflection-fp32-NDHWC", "nearest-fp32", "random-fp64"])
 def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_format, smooth, threads, monkeypatch):
-    """Output rows walked k at a time as one row (engine._long_rows) give the bits of rows walked one by one.
+    """Output rows walked k at a time as one row (the plan's rows_joined) give the bits of rows walked one by one.
 
     The same inputs once contiguous (rows joined: 6, 3 and 2 of the 6 rows of 20 points at
     1, 2 and 3 threads; a random grid's at one thread only) and once as views whose rows
@@ -176,7 +179,7 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
     short = (_short_rows(grad, 3 if data_format == "NDHWC" else 4), x, _short_rows(grid, 3))
     for count, joined in ((1, 6), (2, 3), (3, 2)):
         threads(count)
-        assert engine._rows_per_long_row(4, 6, 20, count) == joined
+        assert _rows_per_long_row(4, 6, 20, count) == joined
         runs = [(gs.grid_sampler3d(x_, grid_, mode, padding, data_format=data_format, backend="numba"),
                  *gs.grid_sampler3d_backward(grad_, x_, grid_, mode, padding, data_format=data_format,
                                              backend="numba"))
@@ -327,10 +330,6 @@ def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     assert parts == [2 * tuning.SHARED_RUNS]  # of its 42 rows
 
 
-def _flat_inputs(grad, x, grid):
-    return engine._flat(grad), engine._flat(x), engine._flat(grid)
-
-
 @pytest.mark.parametrize("slabs", [1, 2, 3, 7])
 @pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
 def test_every_output_element_is_written_and_any_split_is_exact(attributes, slabs):
@@ -342,23 +341,22 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     x = x.contiguous(memory_format=torch.channels_last_3d)  # a strided layout on purpose
     interpolation, pad = int(gs.Interpolation[mode.upper()]), int(gs.Padding[padding.upper()])
     codes = (interpolation, pad, align_corners)
-    (grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides) = _flat_inputs(grad, x, grid)
+    grid_operand = engine._operand(grid)
     batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
+    geometry = Geometry(batch, channels, sizes, out_sizes)
     rows = batch * out_sizes[0] * out_sizes[1]
     row_first, row_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 1, True, row_first, row_last, slabs)
+    depth_ranges(grid_operand, geometry, (*codes, False), (1, True), RowRanges(row_first, row_last), slabs)
     assert (row_first != -7).all() and (row_last >= row_first).all()
     # Rows between the sampled ones take their range from their extreme z values (zeros,
     # border): the same range as point by point.
     scanned_first, scanned_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_flat, grid_strides, batch, sizes, out_sizes, *codes, False, 3, True, scanned_first,
-                 scanned_last, 2)
+    depth_ranges(grid_operand, geometry, (*codes, False), (3, True), RowRanges(scanned_first, scanned_last), 2)
     assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
     reach = 1 if mode == "nearest" else 2
     parts = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, slabs)
     assert parts[0, 0] == 0 and parts[-1, 1] == batch * sizes[0] and np.all(parts[1:, 0] == parts[:-1, 1])
     golden_dx, golden_dgrid = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
-    shapes = (batch, channels, sizes, out_sizes)
     # fused: one part computes both; split: dgrid by rows, then dx by slabs (the engine runs
     # these two side by side for smooth grids, and one after the other for random ones)
     whole = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
@@ -369,12 +367,12 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         kernel = backward_kernel(*codes, exact, False, False)
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
-        dx_flat, dx_strides = engine._flat(dx)
+        operands = BackwardOperands(engine._operand(grad), engine._operand(x), grid_operand, engine._operand(dx),
+                                    engine._operand(dgrid))
         for work, want_dx, want_dgrid in passes:
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
-            kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dx_flat, dx_strides,
-                   dgrid.numpy().reshape(-1), dgrid.stride(), row_first, row_last, work, *shapes, want_dx,
-                   want_dgrid, np.empty(0), 0, unresolved)
+            kernel(operands, geometry, work, RowRanges(row_first, row_last), Outputs(want_dx, want_dgrid),
+                   Carry(np.empty(0), 0), unresolved)
             assert not unresolved.any()
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it
@@ -386,8 +384,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             # The separable sums associate differently: equal to the golden to float64 rounding.
             torch.testing.assert_close(dgrid, golden_dgrid, rtol=1e-12, atol=1e-12)
     y = torch.full_like(grad, float("nan"))
-    (y_flat, y_strides) = engine._flat(y)
-    forward_kernel(*codes, False, False)(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, slabs,
+    forward_kernel(*codes, False, False)(engine._operand(x), grid_operand, engine._operand(y), geometry, slabs,
                                          unresolved)
     assert not unresolved.any()
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
@@ -401,13 +398,13 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
     """
     grad, x, grid = make_case(2, 3, (5, 4, 6), (3, 4, 5), torch.float64, low=-1.9, high=1.9)
     codes = (int(gs.Interpolation[mode.upper()]), int(gs.Padding.REFLECTION), False)
-    shapes = (2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
+    geometry = Geometry(2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
 
     def flags(grid):
         y = torch.empty_like(grad)
         unresolved = np.full(2, -1, np.int64)
-        forward_kernel(*codes, False, False)(*engine._flat(x), *engine._flat(grid), *engine._flat(y), *shapes, 2,
-                                             unresolved)
+        forward_kernel(*codes, False, False)(engine._operand(x), engine._operand(grid), engine._operand(y), geometry,
+                                             2, unresolved)
         return unresolved.tolist()
 
     assert flags(grid) == [0, 0]  # within two spans (|coordinate| < 3 here)
@@ -483,6 +480,14 @@ def test_half_precision_is_the_golden_rounded_once(dtype, padding):
     assert report.passed, str(report)
 
 
+def _data_dtype(signature):
+    """The dtype of the first array in a kernel's signature (its data: x, or grad)."""
+    first = signature[0]
+    while not isinstance(first, numba.types.Array):
+        first = first[0]
+    return first.dtype
+
+
 def _vector_code_counts(kernel, dtype=numba.float32) -> tuple[int, int, int]:
     """(packed float64 arithmetic on 256/512-bit registers, hardware gathers, run-time overlap tests) in
     ``kernel``'s fresh code for ``dtype`` data.
@@ -492,7 +497,7 @@ def _vector_code_counts(kernel, dtype=numba.float32) -> tuple[int, int, int]:
     """
     fresh = part_kernel(kernel.py_func, cache=False)
     # The build of that dtype (other tests may have compiled others of the same kernel first)
-    signature = next(signature for signature in kernel.signatures if signature[0].dtype == dtype)
+    signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == dtype)
     fresh.compile(signature)
     assembly = fresh.inspect_asm(signature)
     packed = len(re.findall(r"\bv(?:add|sub|mul)pd\s+%[yz]mm", assembly))
@@ -561,7 +566,8 @@ gathers = []
 for kernel in (forward_kernel(0, 0, False, False, False, channels_last=False),
                backward_kernel(0, 0, False, not bool(torch.isfinite(grad.sum())), False, False, channels_last=False)):
     # freshly compiled (an empty cache), so the code can be inspected
-    signature = next(s for s in kernel.signatures if s[0].dtype.name == "float32")
+    signature = next(s for s in kernel.signatures if (s[0][0] if hasattr(s[0][0], "dtype") else s[0][0][0]).dtype.name
+                     == "float32")
     gathers.append(kernel.part.inspect_asm(signature).count("gather"))
 print(json.dumps({"gathers_in_use": gathers_in_use(), "gathers": gathers}))
 """
@@ -605,7 +611,7 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
         """Compile the mode's forward kernel anew (not from the disk cache, which would type no helper)."""
         gs.grid_sampler3d(x, grid, "bilinear", padding, align_corners, backend="numba")
         kernel = forward_kernel(0, int(gs.Padding[padding.upper()]), align_corners, False, False, channels_last=False)
-        signature = next(signature for signature in kernel.signatures if signature[0].dtype == numba.float32)
+        signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == numba.float32)
         part_kernel(kernel.py_func, cache=False).compile(signature)
 
     compile_forward("reflection", False)
@@ -652,7 +658,7 @@ def test_channels_last_grid_gradient_stays_vectorised():
     integers = numba.types.Array(numba.int64, 1, "C")
     i64 = numba.int64
     fresh = outlined_helper(_grid_gradient_channels_inner.py_func, cache=False)
-    signature = (i64, data, i64, i64, data, i64, i64, integers, integers, row, row, row, row, row)
+    signature = (i64, data, i64, i64, data, i64, i64, integers, integers, row, row, numba.types.UniTuple(row, 3))
     fresh.compile(signature)
     assembly = fresh.inspect_asm(signature)
     # Vectorised it holds about 40 such operations; its scalar form none.

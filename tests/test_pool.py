@@ -15,7 +15,7 @@ import torch
 import gridsampler3d as gs
 from gridsampler3d import cases
 from gridsampler3d.cpu import pool
-from gridsampler3d.cpu.plan import looks_coherent
+from gridsampler3d.cpu.slabs import looks_coherent
 from helpers import make_case
 
 ROOT = Path(__file__).resolve().parents[1]

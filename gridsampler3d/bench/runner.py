@@ -174,6 +174,17 @@ def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -
     return result
 
 
+def _plans(case: BenchCase, device: str, scale: float) -> dict:
+    """The CPU engine's plan for the case's forward and backward (:func:`gridsampler3d.explain`), as text."""
+    if device != "cpu":
+        return {}
+    (grad, x, field), _ = build_inputs(case, device, scale)
+    attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
+                      data_format=case.layout, warp=case.baseline == "plumbing")
+    return {"forward": str(api.explain(x, field, **attributes)),
+            "backward": str(api.explain(x, field, grad, **attributes))}
+
+
 def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale: float) -> dict:
     if case.baseline == "plumbing":
         return _bench_warp_case(case, device, repeats, scale)
@@ -210,8 +221,13 @@ def _geomean(values) -> float:
     return statistics.geometric_mean(values) if values else float("nan")
 
 
-def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print) -> dict:
-    """Run the cases (all by default); returns the report (machine, results, summary)."""
+def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print,
+              explain=False) -> dict:
+    """Run the cases (all by default); returns the report (machine, results, summary).
+
+    With ``explain`` each result holds, and the echo prints under its row, the CPU
+    engine's plan for its forward and backward (:func:`gridsampler3d.explain`).
+    """
     if threads is not None:
         torch.set_num_threads(threads)
     selected = select_cases(names)
@@ -223,6 +239,10 @@ def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None,
         result = _bench_case(case, device, backend, repeats, scale)
         results.append(result)
         echo(format_row(result))
+        if explain:
+            result["plan"] = _plans(case, device, scale)
+            for stage, plan in result["plan"].items():
+                echo(f"    {stage} plan: {plan}")
     against_torch = [r for r in results if r["case"]["baseline"] == "torch"]
     summary = {stage: {"geomean_ratio": _geomean(r[stage]["ratio"] for r in against_torch),
                        "min_ratio": min((r[stage]["ratio"] for r in against_torch), default=float("nan"))}

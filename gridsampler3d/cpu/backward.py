@@ -11,55 +11,92 @@ align_corners), compiled on first use and cached on disk.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, slab_taps, slot, tap_delta, tap_weight, trilinear_cells, unsigned
+from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_cells, slab_taps, slot, tap_delta,
+                    tap_weight, trilinear_cells, unsigned)
 from .coords import NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
+from .records import ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Operand, Points, RowRanges
 from .tuning import BLOCK, VECTOR_CHANNELS
 
-ALL_TAPS = 255
+class _Scratch(NamedTuple):
+    """The arrays a backward pass works in, each with one row per part (see :func:`.jit.part_kernel`).
 
-
-def _scratch(parts: int, grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid, dgrid_strides,
-             row_first, row_last, part_bounds, batch, channels, *rest):
-    """(reals, integers): the arrays a backward pass works in, each with one row per part.
-
-    In the kernel's order: sides (6 entries per point), weights (8), pairs (12: the separable
-    gradient's pair weights, or the exact gradient's eight tap values), mx, my,
-    mz, grad_x, grad_y, grad_z (1 each), ``BLOCK`` points each; terms (3 per channel, one
-    point's); coords (3 per point, ``BLOCK`` points); offsets (8), corner, dx_corner,
-    inside, lowest, taps (1 each), ``BLOCK`` points; then the run of planes zeroed (2
-    entries, see :func:`zero_reached`). See :func:`.jit.part_kernel`.
+    ``cells`` phase A's results (its ``other_corner`` is the corner in dx); ``weights`` the
+    taps' weights (8 per point); ``pairs`` the separable gradient's pair weights, or the
+    exact gradient's eight tap values (12 per point); ``grad_x``, ``grad_y``, ``grad_z``
+    the grid gradient's sums (1 per point); ``terms`` one point's 3 terms per channel;
+    ``offsets`` the taps' offsets in x (8 per point); ``taps`` the taps in the part's
+    slab (1 per point); ``zeroed`` the run of dx planes zeroed so far (2 entries, see
+    :func:`zero_reached`).
     """
-    reals = tuple(part_rows(parts, entries * BLOCK) for entries in (6, 8, 12, 1, 1, 1, 1, 1, 1))
-    integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1, 1))
-    return reals + (part_rows(parts, 3 * channels), part_rows(parts, 3 * BLOCK)), integers + (
-        part_rows(parts, 2, np.int64),)
+    cells: Cells
+    weights: np.ndarray
+    pairs: np.ndarray
+    grad_x: np.ndarray
+    grad_y: np.ndarray
+    grad_z: np.ndarray
+    terms: np.ndarray
+    offsets: np.ndarray
+    taps: np.ndarray
+    zeroed: np.ndarray
+
+
+def _scratch(parts: int, operands, geometry, *rest):
+    """(:class:`_Scratch`,): a backward pass's scratch, one row per part."""
+    reals = [part_rows(parts, entries * BLOCK) for entries in (8, 12, 1, 1, 1)]
+    return _Scratch(scratch_cells(parts, multipliers=True), *reals, part_rows(parts, 3 * geometry.channels),
+                    part_rows(parts, 8 * BLOCK, np.int64), part_rows(parts, BLOCK, np.int64),
+                    part_rows(parts, 2, np.int64)),
 
 
 @helper
-def zero_planes(dx, dx_strides, first, last, channels, sizes):
+def _part_scratch(scratch, part):
+    """Part ``part``'s rows of a :class:`_Scratch` (written out, not through :func:`.block.part_cells`: a helper
+    inside a helper is optimised once more, and compile time is a first call's)."""
+    cells = scratch.cells
+    return _Scratch(Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
+                          borrowed(cells.other_corner)[part], borrowed(cells.inside)[part],
+                          borrowed(cells.lowest)[part], borrowed(cells.mx)[part], borrowed(cells.my)[part],
+                          borrowed(cells.mz)[part]),
+                    borrowed(scratch.weights)[part], borrowed(scratch.pairs)[part], borrowed(scratch.grad_x)[part],
+                    borrowed(scratch.grad_y)[part], borrowed(scratch.grad_z)[part], borrowed(scratch.terms)[part],
+                    borrowed(scratch.offsets)[part], borrowed(scratch.taps)[part], borrowed(scratch.zeroed)[part])
+
+
+class BackwardOperands(NamedTuple):
+    """The operands of a backward launch, each a :class:`.records.Operand`; an output not written is empty."""
+    grad: Operand
+    x: Operand
+    grid: Operand
+    dx: Operand
+    dgrid: Operand
+
+
+@helper
+def zero_planes(dx, first, last, channels, sizes):
     """Zero the (n, z) planes first .. last - 1 (plane = n * D + z) of dx (N, C, D, H, W), every channel.
 
-    ``dx`` is dense, NCDHW or channels-last, as the engine allocates it: a batch's planes
-    in the range are then one run of memory per channel (NCDHW) or one run for all
-    channels (channels-last), each zeroed by one memset.
+    ``dx`` (an operand) is dense, NCDHW or channels-last, as the engine allocates it: a
+    batch's planes in the range are then one run of memory per channel (NCDHW) or one run
+    for all channels (channels-last), each zeroed by one memset.
     """
     depth, height, width = sizes
-    n_stride, c_stride, z_stride, _, x_stride = dx_strides
+    n_stride, c_stride, z_stride, _, x_stride = dx.strides
     channels_last = c_stride == 1 and x_stride == channels
     runs = 1 if channels_last else channels
     length = height * width * (channels if channels_last else 1)
     for n in range(first // depth, (last + depth - 1) // depth):
         z_first, z_last = max(first - n * depth, 0), min(last - n * depth, depth)
         for run in range(runs if z_first < z_last else 0):
-            zero_elements(dx, n * n_stride + z_first * z_stride + run * c_stride, (z_last - z_first) * length)
+            zero_elements(dx.array, n * n_stride + z_first * z_stride + run * c_stride, (z_last - z_first) * length)
 
 
 @helper
-def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, taps, reach, base, first, last):
+def zero_reached(dx, geometry, zeroed, reached, whole, base, first, last):
     """Zero the dx planes a block's taps reach that the run ``zeroed`` lacks, then grow the run over them.
 
     The backward zeroes its dx planes as its points first reach them, so that a plane's
@@ -68,10 +105,12 @@ def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, 
     (n * D + z) zeroed so far; it stays one interval: what lies between it and a new
     plane is zeroed too (once, as it would be anyway).
 
-    The planes are those of base + [first, last) that a point's taps reach (base +
-    lowest[i] .. base + lowest[i] + reach - 1), counting only points with a tap flagged
-    in ``taps``; with ``whole``, all of base + [first, last).
+    The planes are those of base + [first, last) that the block's taps reach: ``reached``
+    is (count, lowest, taps, reach), point i reaching base + lowest[i] .. base +
+    lowest[i] + reach - 1 when it has a tap flagged in ``taps``; with ``whole``, all of
+    base + [first, last).
     """
+    count, lowest, taps, reach = reached
     low, high = last, first
     for i in range(count):
         used = taps[i] != 0
@@ -90,7 +129,7 @@ def zero_reached(dx, dx_strides, channels, sizes, zeroed, whole, count, lowest, 
     for side in range(2):
         start = first if side == 0 else above
         end = below if side == 0 else last
-        zero_planes(dx, dx_strides, start, end, channels, sizes)
+        zero_planes(dx, start, end, geometry.channels, geometry.sizes)
     zeroed[0], zeroed[1] = min(below, first), max(above, last)
 
 
@@ -103,216 +142,253 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     PyTorch); otherwise (for float32 and half data, computed in float64 and rounded once)
     it sums the separable form, a third of the arithmetic.
 
-    ``kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dx, dx_strides, dgrid,
-    dgrid_strides, row_first, row_last, parts, batch, channels, sizes, out_sizes, want_dx,
-    want_dgrid, carry, carry_mode, unresolved, part)`` computes part ``part`` of the pass (returned
-    as one parallel kernel, :class:`.jit.Parallel`, called without ``part``, which runs
-    every part at once): it fills ``dx`` (N, C, D, H, W) if ``want_dx``
-    and ``dgrid`` (N, Do, Ho, Wo, 3), strides ``dgrid_strides``, if ``want_dgrid``. With
-    ``voxels`` (the fused warp) ``grid`` and ``dgrid`` are a displacement and its gradient
-    (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
-    -component) (see :func:`.forward.forward_kernel`). ``parts`` (P, 4) gives each parallel part its dx planes
-    [first, end) (plane = n * D + z) and rows [first, end) (row = n * Do * Ho + d * Ho + h);
-    ``row_first``/``row_last`` (one per row, from :func:`.plan.depth_ranges`) let a part
-    skip rows that miss its planes (a part that owns every plane needs no row bounds:
-    rows left at (0, 0) are walked). A part writes the grid gradient of every point in its
-    rows, so a pass that computes both outputs runs as one part. Nearest kernels compute
-    dx only: their grid gradient is zero. ``carry`` (float64, 3 * rows * Wo for the rows from
-    ``parts[0, 2]`` on: the x, y and z sums of each point, as rows of points) lets a grid
-    gradient run as several passes over groups of channels, each continuing the sums of the
-    one before in PyTorch's order:
-    ``carry_mode`` 0 sums from zero into ``dgrid`` (one pass), 1 from zero into ``carry``, 2
-    from ``carry`` into ``carry``, 3 from ``carry`` into ``dgrid``. Every element of an
-    output asked for is written, unless a part sets ``unresolved[part]`` to 1: then the
-    caller runs the kernel built with
-    ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last`` as
-    for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner scatters.
+    ``kernel(operands, geometry, parts, rows, outputs, carry, unresolved)`` is one parallel
+    kernel (:class:`.jit.Parallel`). ``operands`` (:class:`BackwardOperands`) holds grad,
+    x, grid, dx (N, C, D, H, W) and dgrid (N, Do, Ho, Wo, 3); it fills dx if
+    ``outputs.dx`` and dgrid if ``outputs.dgrid`` (:class:`.records.Outputs`). With
+    ``voxels`` (the fused warp) grid and dgrid are a displacement and its gradient (N, 3,
+    Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
+    -component) (see :func:`.forward.forward_kernel`).
+
+    ``parts`` (P, 4) gives each part its dx planes [first, end) (plane = n * D + z) and
+    rows [first, end) (row = n * Do * Ho + d * Ho + h); ``rows``
+    (:class:`.records.RowRanges`, from :func:`.slabs.depth_ranges`) lets a part skip rows
+    that miss its planes (a part that owns every plane needs no ranges: rows left at (0,
+    0) are walked). A part writes the grid gradient of every point in its rows, so a pass
+    that computes both outputs runs as one part. Nearest kernels compute dx only: their
+    grid gradient is zero.
+
+    ``carry`` (:class:`.records.Carry`: float64 sums, 3 * rows * Wo for the rows from
+    ``parts[0, 2]`` on, and a :class:`.records.CarryMode`) lets a grid gradient run as
+    several passes over groups of channels, each continuing the sums of the one before in
+    PyTorch's order. Every element of an output asked for is written, unless a part sets
+    ``unresolved[part]`` to 1: then the caller runs the kernel built with
+    ``exact_remainder`` instead (see :func:`.forward.forward_kernel`). ``channels_last``
+    as for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner
+    paths.
     """
     nearest = interpolation == NEAREST
-    reach = 1 if nearest else 2
 
     @part_kernel
-    def kernel(grad_operand, grad_strides, x_operand, x_strides, grid_operand, grid_strides, dx_operand, dx_strides,
-               dgrid_operand, dgrid_strides, row_first_operand, row_last_operand, parts, batch, channels, sizes,
-               out_sizes, want_dx, want_dgrid, carry_operand, carry_mode, unresolved_operand, reals, integers, part):
-        grad = borrowed(grad_operand)
-        x = borrowed(x_operand)
-        grid = borrowed(grid_operand)
-        dx = borrowed(dx_operand)
-        dgrid = borrowed(dgrid_operand)
-        row_first = borrowed(row_first_operand)
-        row_last = borrowed(row_last_operand)
+    def kernel(operands, geometry, parts, rows, outputs, carry, unresolved_operand, scratch, part):
+        ops = BackwardOperands(borrow(operands.grad), borrow(operands.x), borrow(operands.grid),
+                               borrow(operands.dx), borrow(operands.dgrid))
+        work = _part_scratch(scratch, part)
+        ranges = RowRanges(borrowed(rows.first), borrowed(rows.last))
+        carried = Carry(borrowed(carry.sums), carry.mode)
         unresolved = borrowed(unresolved_operand)
-        carry = borrowed(carry_operand)
-        points = carry.size // 3  # each component's row of sums in carry
-        # This part's rows of the scratch arrays (see _scratch)
-        sides, weights, pairs, mx, my, mz, grad_x, grad_y, grad_z, terms, coords = reals
-        sides, weights, pairs = borrowed(sides)[part], borrowed(weights)[part], borrowed(pairs)[part]
-        mx, my, mz = borrowed(mx)[part], borrowed(my)[part], borrowed(mz)[part]
-        grad_x, grad_y, grad_z = borrowed(grad_x)[part], borrowed(grad_y)[part], borrowed(grad_z)[part]
-        terms, coords = borrowed(terms)[part], borrowed(coords)[part]
-        offsets, corner, dx_corner, inside, lowest, taps, zeroed = integers
-        offsets, corner, dx_corner = borrowed(offsets)[part], borrowed(corner)[part], borrowed(dx_corner)[part]
-        inside, lowest, taps = borrowed(inside)[part], borrowed(lowest)[part], borrowed(taps)[part]
-        zeroed = borrowed(zeroed)[part]
-        depth = sizes[0]
-        out_depth, out_height, out_width = out_sizes
-        x_spatial = (x_strides[2], x_strides[3], x_strides[4])
-        dx_spatial = (dx_strides[2], dx_strides[3], dx_strides[4])
-        # Contiguous channels: each tap's dx update runs over the channels innermost (dx's
-        # contiguous too), and the separable grid gradient reads each tap's channels as a
-        # vector (x's contiguous too).
-        contiguous_grad = channels >= VECTOR_CHANNELS and grad_strides[1] == 1
-        channel_inner = contiguous_grad and dx_strides[1] == 1
-        x_channel_inner = contiguous_grad and x_strides[1] == 1
-        # With zeros padding the multipliers are these constant slopes (coords.source_index);
-        # otherwise phase A leaves them per point in mx, my, mz.
-        zeros = padding == ZEROS
-        unit = 1 if align_corners else 0
-        slope_x, slope_y, slope_z = (sizes[2] - unit) * 0.5, (sizes[1] - unit) * 0.5, (sizes[0] - unit) * 0.5
-        if voxels:
-            slope_x, slope_y, slope_z = 1.0, 1.0, 1.0
-        # Where a row's x components start in grid and dgrid (a displacement's dx sits above dz).
-        grid_shift = -2 * grid_strides[4] if voxels else 0
-        dgrid_shift = -2 * dgrid_strides[4] if voxels else 0
-        dgrid_step = dgrid_strides[3]
-        dgrid_component = dgrid_strides[4]
-        plane_lo = parts[part, 0]
-        plane_hi = parts[part, 1]
-        row_lo = parts[part, 2]
-        row_hi = parts[part, 3]
+        rule = CoordinateRule(padding, align_corners, False, exact_remainder, voxels)
+        planes = (parts[part, 0], parts[part, 1], parts[0, 2])  # this part's planes; the carry's first row
+        work.zeroed[0], work.zeroed[1] = planes[0], planes[0]  # the run of this part's dx planes zeroed so far
         unresolved[part] = 0
-        zeroed[0], zeroed[1] = plane_lo, plane_lo  # the run of this part's dx planes zeroed so far
-        for row in range(row_lo, row_hi):
-            if unresolved[part]:
-                break
-            n = row // (out_depth * out_height)
-            d = (row // out_height) % out_depth
-            h = row % out_height
-            z_lo = max(plane_lo - n * depth, 0)
-            z_hi = min(plane_hi - n * depth, depth)
-            if z_lo >= z_hi:
-                continue
-            do_dx = want_dx and row_last[row] + reach > z_lo and row_first[row] < z_hi
-            if not (do_dx or want_dgrid):
-                continue
-            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + grid_shift
-            first_dgrid = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + dgrid_shift
-            first_grad = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3]
-            x_batch, dx_batch = n * x_strides[0], n * dx_strides[0]
-            for start in range(0, out_width, BLOCK):
-                count = min(BLOCK, out_width - start)
-                first = first_point + start * grid_strides[3]
-                grad_at = first_grad + start * grad_strides[4]
+        x_spatial = (ops.x.strides[2], ops.x.strides[3], ops.x.strides[4])
+        dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
+        for row in range(parts[part, 2], parts[part, 3]):
+            do_dx, do_dgrid, n, d, h, z_lo, z_hi, first_point, first_dgrid, first_grad = _row_place(
+                ops, geometry, rule.voxels, row, planes, ranges, outputs, 1 if nearest else 2)
+            for start in range(0, geometry.out_sizes[2] if do_dx or do_dgrid else 0, BLOCK):
+                points = Points(first_point + start * ops.grid.strides[3], ops.grid.strides[3], ops.grid.strides[4],
+                                min(BLOCK, geometry.out_sizes[2] - start))
                 origin = (float(start), float(h), float(d))
+                # the block's first point in grad, in dgrid and in the carried sums; its batch; its slab
+                place = (first_grad + start * ops.grad.strides[4], first_dgrid + start * ops.dgrid.strides[3],
+                         (row - planes[2]) * geometry.out_sizes[2] + start, n, z_lo, z_hi)
+                # Each choice below is made by the kernel's constants, so that each kernel
+                # compiles only its own path (docs/cpu.md, "Compilation").
                 if nearest:
-                    if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                     align_corners, False, exact_remainder, voxels, origin, dx_spatial, coords,
-                                     dx_corner, inside, lowest):
+                    if not _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
                         unresolved[part] = 1
-                        break
-                elif trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                     align_corners, False, exact_remainder, voxels, origin, x_spatial, dx_spatial,
-                                     coords, sides, corner, dx_corner, inside, lowest, True, mx, my, mz):
-                    unresolved[part] = 1
-                    break
-                if do_dx:
-                    slab_taps(count, inside, lowest, z_lo, z_hi, taps)
-                    zero_reached(dx, dx_strides, channels, sizes, zeroed, False, count, lowest, taps, reach,
-                                 n * depth, z_lo, z_hi)
-                if nearest:  # nearest kernels compute no grid gradient
-                    if do_dx:
-                        _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels,
-                                         channel_inner, dx_corner, taps)
+                        return
                     continue
-                if want_dgrid:
-                    masked_offsets(count, corner, inside, x_spatial, offsets)
-                    at = (row - parts[0, 2]) * out_width + start  # the block's first point in carry
-                    if carry_mode >= 2:  # continue the sums of the channels before
-                        for i in range(count):
-                            grad_x[i] = carry[at + i]
-                        for i in range(count):
-                            grad_y[i] = carry[points + at + i]
-                        for i in range(count):
-                            grad_z[i] = carry[2 * points + at + i]
-                    else:
-                        grad_x[:count] = 0.0
-                        grad_y[:count] = 0.0
-                        grad_z[:count] = 0.0
+                if trilinear_cells(ops.grid.array, points, geometry.sizes, rule, origin, x_spatial, dx_spatial,
+                                   work.cells, True):
+                    unresolved[part] = 1
+                    return
+                if do_dx:  # the taps in this part's slab; the planes they reach, zeroed where not yet
+                    slab_taps(points.count, work.cells.inside, work.cells.lowest, z_lo, z_hi, work.taps)
+                    zero_reached(ops.dx, geometry, work.zeroed, (points.count, work.cells.lowest, work.taps, 2),
+                                 False, n * geometry.sizes[0], z_lo, z_hi)
+                if do_dgrid:
+                    masked_offsets(points.count, work.cells.corner, work.cells.inside, x_spatial, work.offsets)
+                    sums = (work.grad_x, work.grad_y, work.grad_z)
+                    _start_sums(points.count, carried, place[2], sums)
                     if exact:
-                        _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels,
-                                       sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
-                    elif channels_last and x_channel_inner:  # a constant first: see forward_kernel
-                        # (Each separable path computes its pair weights: hoisted above both, the
-                        # backward took 1.05 (cl64) to 1.08 (feat48) of its time at two threads.)
-                        _pair_weights(count, sides, pairs)
-                        _grid_gradient_channels_inner(count, grad, grad_at, grad_strides[4], x, x_batch, channels,
-                                                      inside, offsets, pairs, terms, grad_x, grad_y, grad_z)
+                        _grid_gradient(points.count, ops.grad, place[0], ops.x, n * ops.x.strides[0],
+                                       geometry.channels, work.cells, work.offsets, work.pairs, sums)
+                    elif channels_last:
+                        _channels_last_gradient(ops, geometry.channels, points.count, place, work, sums)
                     else:
-                        _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides,
-                                                 channels, sides, inside, offsets, pairs, grad_x, grad_y, grad_z)
-                    p = first_dgrid + start * dgrid_step
-                    if carry_mode == 1 or carry_mode == 2:  # channels after these follow
-                        for i in range(count):
-                            carry[at + i] = grad_x[i]
-                        for i in range(count):
-                            carry[points + at + i] = grad_y[i]
-                        for i in range(count):
-                            carry[2 * points + at + i] = grad_z[i]
-                    elif voxels and dgrid_step == 1:
-                        # A displacement's components are three contiguous rows: stored through
-                        # views, each in a loop of its own, the stores vectorise (docs/cpu.md).
-                        row_x = dgrid[p:p + count]
-                        row_y = dgrid[p + dgrid_component:p + dgrid_component + count]
-                        row_z = dgrid[p + 2 * dgrid_component:p + 2 * dgrid_component + count]
-                        for i in range(count):
-                            row_x[i] = (slope_x if zeros else mx[i]) * grad_x[i]
-                        for i in range(count):
-                            row_y[i] = (slope_y if zeros else my[i]) * grad_y[i]
-                        for i in range(count):
-                            row_z[i] = (slope_z if zeros else mz[i]) * grad_z[i]
-                    else:
-                        for i in range(count):
-                            at = p + i * dgrid_step
-                            dgrid[at] = (slope_x if zeros else mx[i]) * grad_x[i]
-                            dgrid[at + dgrid_component] = (slope_y if zeros else my[i]) * grad_y[i]
-                            dgrid[at + 2 * dgrid_component] = (slope_z if zeros else mz[i]) * grad_z[i]
-                if do_dx:
-                    for i in range(count):
-                        for tap in range(8):
-                            weights[slot(tap, i)] = tap_weight(sides, tap, i)
-                    if channels_last:
-                        if channel_inner:
-                            _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_strides[4],
-                                                    channels, weights, dx_corner, taps)
-                            continue
-                    _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels,
-                             weights, dx_corner, taps)
-        if want_dx:  # the planes no point reached
-            zero_reached(dx, dx_strides, channels, sizes, zeroed, True, 0, lowest, taps, 1, 0, plane_lo, plane_hi)
+                        _grid_gradient_separable(points.count, ops.grad, place[0], ops.x, n * ops.x.strides[0],
+                                                 geometry.channels, work.cells, work.offsets, work.pairs, sums)
+                    _store_sums(points.count, ops.dgrid, geometry, rule, place, carried, work.cells, sums)
+                if do_dx and channels_last:
+                    _channels_last_scatter(ops, geometry.channels, points.count, place, work)
+                elif do_dx:
+                    _scatter(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place[0], geometry.channels, work)
+        if outputs.dx:  # the planes no point reached
+            zero_reached(ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0],
+                         planes[1])
 
     return Parallel(kernel, _scratch)
 
 
 @helper
-def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, inside, offsets,
-                   values, grad_x, grad_y, grad_z):
+def _row_place(ops, geometry, voxels, row, planes, ranges, outputs, reach):
+    """Where output row ``row`` stands: (do_dx, do_dgrid, n, d, h, z_lo, z_hi, its first point in grid, in dgrid
+    and in grad); its taps may reach this part's planes z_lo .. z_hi - 1 of batch n."""
+    depth = geometry.sizes[0]
+    out_depth, out_height, _ = geometry.out_sizes
+    n = row // (out_depth * out_height)
+    d = (row // out_height) % out_depth
+    h = row % out_height
+    z_lo = max(planes[0] - n * depth, 0)
+    z_hi = min(planes[1] - n * depth, depth)
+    in_slab = z_lo < z_hi
+    do_dx = in_slab and outputs.dx and ranges.last[row] + reach > z_lo and ranges.first[row] < z_hi
+    grid, dgrid, grad = ops.grid.strides, ops.dgrid.strides, ops.grad.strides
+    # Where the row's x components start in grid and dgrid (a displacement's dx sits above dz).
+    first_point = n * grid[0] + d * grid[1] + h * grid[2] - (2 * grid[4] if voxels else 0)
+    first_dgrid = n * dgrid[0] + d * dgrid[1] + h * dgrid[2] - (2 * dgrid[4] if voxels else 0)
+    first_grad = n * grad[0] + d * grad[2] + h * grad[3]
+    return do_dx, in_slab and outputs.dgrid, n, d, h, z_lo, z_hi, first_point, first_dgrid, first_grad
+
+
+@helper
+def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
+    """One block of nearest: its points' voxels, and their grad added into dx; False where unresolved."""
+    grad_at, _, _, n, z_lo, z_hi = place
+    cells = work.cells
+    dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
+    if nearest_cells(ops.grid.array, points, geometry.sizes, rule, origin, dx_spatial, cells):
+        return False
+    if do_dx:
+        slab_taps(points.count, cells.inside, cells.lowest, z_lo, z_hi, work.taps)
+        zero_reached(ops.dx, geometry, work.zeroed, (points.count, cells.lowest, work.taps, 1), False,
+                     n * geometry.sizes[0], z_lo, z_hi)
+        _scatter_nearest(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, grad_at, geometry.channels,
+                         cells.corner, work.taps)
+    return True
+
+
+@helper
+def _channels_last_gradient(ops, channels, count, place, work, sums):
+    """The separable grid gradient of channels-last data: with enough contiguous channels, each tap's channels read
+    as vectors (the same sums)."""
+    x_batch = place[3] * ops.x.strides[0]
+    if channels >= VECTOR_CHANNELS and ops.grad.strides[1] == 1 and ops.x.strides[1] == 1:
+        # (Each separable path computes its pair weights: hoisted above both, the
+        # backward took 1.05 (cl64) to 1.08 (feat48) of its time at two threads.)
+        _pair_weights(count, work.cells.sides, work.pairs)
+        _grid_gradient_channels_inner(count, ops.grad.array, place[0], ops.grad.strides[4], ops.x.array, x_batch,
+                                      channels, work.cells.inside, work.offsets, work.pairs, work.terms, sums)
+        return
+    _grid_gradient_separable(count, ops.grad, place[0], ops.x, x_batch, channels, work.cells, work.offsets,
+                             work.pairs, sums)
+
+
+@helper
+def _channels_last_scatter(ops, channels, count, place, work):
+    """Phase B of a channels-last block: with enough contiguous channels, each tap adds to a channel vector."""
+    dx_batch = place[3] * ops.dx.strides[0]
+    if channels >= VECTOR_CHANNELS and ops.grad.strides[1] == 1 and ops.dx.strides[1] == 1:
+        dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
+        _scatter_channels_inner(count, ops.dx.array, dx_batch, dx_spatial, ops.grad.array, place[0],
+                                ops.grad.strides[4], channels, _tap_weights(count, work), work.cells.other_corner,
+                                work.taps)
+        return
+    _scatter(count, ops.dx, dx_batch, ops.grad, place[0], channels, work)
+
+
+@helper
+def _tap_weights(count, work):
+    """``work.weights`` filled with each point's eight tap weights (for the scatter); returned."""
+    weights, sides = work.weights, work.cells.sides
+    for i in range(count):
+        for tap in range(8):
+            weights[slot(tap, i)] = tap_weight(sides, tap, i)
+    return weights
+
+
+@helper
+def _start_sums(count, carry, at, sums):
+    """The grid gradient's sums of a block: the carried sums of the channels before, or zero."""
+    grad_x, grad_y, grad_z = sums
+    if carry.mode == CarryMode.MIDDLE or carry.mode == CarryMode.LAST:
+        points = carry.sums.size // 3  # each component's row of sums in the carry
+        for i in range(count):
+            grad_x[i] = carry.sums[at + i]
+        for i in range(count):
+            grad_y[i] = carry.sums[points + at + i]
+        for i in range(count):
+            grad_z[i] = carry.sums[2 * points + at + i]
+    else:
+        grad_x[:count] = 0.0
+        grad_y[:count] = 0.0
+        grad_z[:count] = 0.0
+
+
+@helper
+def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
+    """A block's sums into the carry (where channels after these follow) or, times their multipliers, into dgrid.
+
+    With zeros padding the multipliers are the constant slopes (:func:`.coords.source_index`).
+    """
+    grad_x, grad_y, grad_z = sums
+    if carry.mode == CarryMode.FIRST or carry.mode == CarryMode.MIDDLE:
+        at, points = place[2], carry.sums.size // 3
+        for i in range(count):
+            carry.sums[at + i] = grad_x[i]
+        for i in range(count):
+            carry.sums[points + at + i] = grad_y[i]
+        for i in range(count):
+            carry.sums[2 * points + at + i] = grad_z[i]
+        return
+    unit = 1 if rule.align_corners else 0
+    depth, height, width = geometry.sizes
+    slope_x, slope_y, slope_z = (1.0, 1.0, 1.0) if rule.voxels else (
+        (width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
+    zeros = rule.padding == ZEROS
+    at, step, component = place[1], dgrid.strides[3], dgrid.strides[4]
+    if rule.voxels and step == 1:
+        # A displacement's components are three contiguous rows: stored through views,
+        # each in a loop of its own, the stores vectorise (docs/cpu.md).
+        row_x = dgrid.array[at:at + count]
+        row_y = dgrid.array[at + component:at + component + count]
+        row_z = dgrid.array[at + 2 * component:at + 2 * component + count]
+        for i in range(count):
+            row_x[i] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
+        for i in range(count):
+            row_y[i] = (slope_y if zeros else cells.my[i]) * grad_y[i]
+        for i in range(count):
+            row_z[i] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
+        return
+    for i in range(count):
+        point = at + i * step
+        dgrid.array[point] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
+        dgrid.array[point + component] = (slope_y if zeros else cells.my[i]) * grad_y[i]
+        dgrid.array[point + 2 * component] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
+
+
+@helper
+def _grid_gradient(count, grad, grad_at, x, x_batch, channels, cells, offsets, values, sums):
     """Per point i: grad_x/y/z[i] = sum over channels (outer) and taps (inner) of ±((x_tap * w_a) * w_b) * grad.
 
     PyTorch's terms in PyTorch's order, vectorised across the points; an outside tap's
     term is not added (its gather reads a valid element that the tap's bit discards). The
-    sums continue from what grad_x/y/z hold (zero, or the sums of channels before).
+    sums continue from what grad_x/y/z (``sums``) hold (zero, or the sums of channels before).
     """
+    grad_x, grad_y, grad_z = sums
+    sides, inside = cells.sides, cells.inside
     for c in range(channels):
-        source = x_batch + c * x_strides[1]
-        at = grad_at + c * grad_strides[1]
+        source = x_batch + c * x.strides[1]
+        at = grad_at + c * grad.strides[1]
         # The taps' values first, in a loop of their own: loaded lane by lane (no hardware
         # gathers) inside the loop below, they left LLVM's cost model keeping it scalar.
         for i in range(count):
             for tap in range(8):
-                values[slot(tap, i)] = float(x[unsigned(source + offsets[slot(tap, i)])])
+                values[slot(tap, i)] = float(x.array[unsigned(source + offsets[slot(tap, i)])])
         for i in range(count):
-            g = float(grad[at + i * grad_strides[4]])
+            g = float(grad.array[at + i * grad.strides[4]])
             sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
             for tap in range(8):
                 value = values[slot(tap, i)]
@@ -331,8 +407,7 @@ def _grid_gradient(count, grad, grad_at, grad_strides, x, x_batch, x_strides, ch
 
 
 @helper
-def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_strides, channels, sides, inside,
-                             offsets, pairs, grad_x, grad_y, grad_z):
+def _grid_gradient_separable(count, grad, grad_at, x, x_batch, channels, cells, offsets, pairs, sums):
     """The grid gradient as differences along each axis weighted by the other two axes' weights.
 
     d/d ix = sum over the four (y, z) edges of (wy * wz) * (x[high x] - x[low x]), and so
@@ -340,13 +415,15 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
     each channel costs 8 gathers and about 35 operations instead of about 100. The sums
     continue from what grad_x/y/z hold, as in :func:`_grid_gradient`.
     """
-    _pair_weights(count, sides, pairs)
+    grad_x, grad_y, grad_z = sums
+    _pair_weights(count, cells.sides, pairs)
+    x_array = x.array
     for c in range(channels):
-        source = x_batch + c * x_strides[1]
-        at = grad_at + c * grad_strides[1]
+        source = x_batch + c * x.strides[1]
+        at = grad_at + c * grad.strides[1]
         for i in range(count):
-            g = float(grad[at + i * grad_strides[4]])
-            bits = inside[i]
+            g = float(grad.array[at + i * grad.strides[4]])
+            bits = cells.inside[i]
             along_x = along_y = along_z = 0.0
             for edge in range(4):
                 first, second = edge & 1, edge >> 1
@@ -354,12 +431,12 @@ def _grid_gradient_separable(count, grad, grad_at, grad_strides, x, x_batch, x_s
                 tx = (first << 1) | (second << 2)
                 ty = first | (second << 2)
                 tz = first | (second << 1)
-                along_x += pairs[slot(edge, i)] * (_tap_value(x, source, offsets, bits, tx | 1, i)
-                                                   - _tap_value(x, source, offsets, bits, tx, i))
-                along_y += pairs[slot(4 + edge, i)] * (_tap_value(x, source, offsets, bits, ty | 2, i)
-                                                       - _tap_value(x, source, offsets, bits, ty, i))
-                along_z += pairs[slot(8 + edge, i)] * (_tap_value(x, source, offsets, bits, tz | 4, i)
-                                                       - _tap_value(x, source, offsets, bits, tz, i))
+                along_x += pairs[slot(edge, i)] * (_tap_value(x_array, source, offsets, bits, tx | 1, i)
+                                                   - _tap_value(x_array, source, offsets, bits, tx, i))
+                along_y += pairs[slot(4 + edge, i)] * (_tap_value(x_array, source, offsets, bits, ty | 2, i)
+                                                       - _tap_value(x_array, source, offsets, bits, ty, i))
+                along_z += pairs[slot(8 + edge, i)] * (_tap_value(x_array, source, offsets, bits, tz | 4, i)
+                                                       - _tap_value(x_array, source, offsets, bits, tz, i))
             grad_x[i] += along_x * g
             grad_y[i] += along_y * g
             grad_z[i] += along_z * g
@@ -380,7 +457,7 @@ def _pair_weights(count, sides, pairs):
 # Called, not inlined, as the other channels-last paths.
 @outlined_helper
 def _grid_gradient_channels_inner(count, grad, grad_at, grad_step, x, x_batch, channels, inside, offsets, pairs,
-                                  terms, grad_x, grad_y, grad_z):
+                                  terms, sums):
     """Channels-last :func:`_grid_gradient_separable`, bit for bit: each tap's channels read as one vector.
 
     Per point, each channel's three terms ``along * g`` are computed across the channels
@@ -388,6 +465,7 @@ def _grid_gradient_channels_inner(count, grad, grad_at, grad_step, x, x_batch, c
     onto grad_x/y/z[i] channel by channel, the separable pass's order. ``terms`` holds
     one point's 3 * ``channels`` terms.
     """
+    grad_x, grad_y, grad_z = sums
     term_x, term_y, term_z = terms[:channels], terms[channels:2 * channels], terms[2 * channels:3 * channels]
     for i in range(count):
         bits = inside[i]
@@ -451,23 +529,23 @@ def _tap_value(x, source, offsets, bits, tap, i):
 
 
 @helper
-def _scatter_nearest(count, dx, dx_batch, dx_strides, grad, grad_at, grad_strides, channels, channel_inner, dx_corner,
-                     taps):
+def _scatter_nearest(count, dx, dx_batch, grad, grad_at, channels, dx_corner, taps):
     """Phase B of nearest: dx[voxel] += grad for every point whose voxel lies in the slab, points in order.
 
     The channels-inner path is chosen here at run time in every nearest kernel: with it
     left out of the NCDHW kernels, near64's one-thread backward took 1.3 times as long
     (docs/cpu.md, "Compilation").
     """
-    if channel_inner:
-        _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_strides[4], channels, dx_corner, taps)
+    if channels >= VECTOR_CHANNELS and grad.strides[1] == 1 and dx.strides[1] == 1:
+        _scatter_nearest_channels_inner(count, dx.array, dx_batch, grad.array, grad_at, grad.strides[4], channels,
+                                        dx_corner, taps)
         return
     for c in range(channels):
-        target = dx_batch + c * dx_strides[1]
-        source = grad_at + c * grad_strides[1]
+        target = dx_batch + c * dx.strides[1]
+        source = grad_at + c * grad.strides[1]
         for i in range(count):
             if taps[i]:
-                dx[unsigned(target + dx_corner[i])] += grad[unsigned(source + i * grad_strides[4])]
+                dx.array[unsigned(target + dx_corner[i])] += grad.array[unsigned(source + i * grad.strides[4])]
 
 
 # The channels-last paths are called, not inlined: inlined beside the channel-outer loops
@@ -487,25 +565,33 @@ def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_ste
 
 
 @helper
-def _scatter(count, dx, dx_batch, dx_strides, dx_spatial, grad, grad_at, grad_strides, channels, weights, dx_corner,
-             in_slab):
-    """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``in_slab``, points in order."""
+def _scatter(count, dx, dx_batch, grad, grad_at, channels, work):
+    """Phase B: dx[tap] += weight * grad for every tap whose bit is set in ``work.taps``, points in order.
+
+    The taps' weights are computed first, into ``work.weights`` (as :func:`_tap_weights`,
+    written out here: a helper inside a helper costs compile time).
+    """
+    weights, sides, dx_corner, in_slab = work.weights, work.cells.sides, work.cells.other_corner, work.taps
+    for i in range(count):
+        for tap in range(8):
+            weights[slot(tap, i)] = tap_weight(sides, tap, i)
+    dx_array, dx_spatial = dx.array, (dx.strides[2], dx.strides[3], dx.strides[4])
     for c in range(channels):
-        plane = dx_batch + c * dx_strides[1]
-        at = grad_at + c * grad_strides[1]
+        plane = dx_batch + c * dx.strides[1]
+        at = grad_at + c * grad.strides[1]
         for i in range(count):
             bits = in_slab[i]
             if bits == 0:
                 continue
-            g = float(grad[at + i * grad_strides[4]])
+            g = float(grad.array[at + i * grad.strides[4]])
             target = plane + dx_corner[i]
             if bits == ALL_TAPS:
                 for tap in range(8):
-                    dx[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
+                    dx_array[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
             else:
                 for tap in range(8):
                     if (bits >> tap) & 1:
-                        dx[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
+                        dx_array[unsigned(target + tap_delta(tap, dx_spatial))] += weights[slot(tap, i)] * g
 
 
 @outlined_helper

@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from .backward import zero_planes
+from .records import Operand
 from .coords import cubic_slope, cubic_weight, pad_tap, unnormalize
 
 inline = njit(cache=True, error_model="numpy", inline="always")
@@ -168,7 +169,7 @@ def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bo
     shift = -2 * grid_strides[4] if voxels else 0
     for slab in prange(bounds.size - 1):
         first, last = bounds[slab], bounds[slab + 1]
-        zero_planes(dx, dx_strides, first, last, channels, sizes)
+        zero_planes(Operand(dx, dx_strides), first, last, channels, sizes)
         taps = np.empty((3, 4), np.int64)
         weights = np.empty((3, 4))
         slopes = np.empty((3, 4))

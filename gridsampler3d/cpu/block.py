@@ -12,8 +12,31 @@ from __future__ import annotations
 import numpy as np
 
 from .coords import ROUNDER, ZEROS, source_index
-from .jit import helper
+from .jit import borrowed, helper, part_rows
+from .records import AXIS_TAPS, Cells, Operand
 from .tuning import BLOCK
+
+
+def scratch_cells(parts: int, multipliers: bool) -> Cells:
+    """Phase A's scratch (:class:`.records.Cells`), one row per part; ``multipliers`` keeps mx, my, mz."""
+    reals = [part_rows(parts, entries * BLOCK) for entries in (3, 6)]
+    integers = [part_rows(parts, BLOCK, np.int64) for _ in range(4)]
+    kept = [part_rows(parts, BLOCK if multipliers else 0) for _ in range(3)]
+    return Cells(*reals, *integers, *kept)
+
+
+@helper
+def part_cells(cells, part):
+    """Part ``part``'s rows of phase A's scratch, as :class:`.records.Cells` of rows (see :func:`borrow`)."""
+    return Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
+                 borrowed(cells.other_corner)[part], borrowed(cells.inside)[part], borrowed(cells.lowest)[part],
+                 borrowed(cells.mx)[part], borrowed(cells.my)[part], borrowed(cells.mz)[part])
+
+
+@helper
+def borrow(operand):
+    """``operand`` with its array :func:`.jit.borrowed`: how a kernel takes each operand it is given."""
+    return Operand(borrowed(operand.array), operand.strides)
 
 
 @helper
@@ -72,12 +95,13 @@ def grid_coordinates(grid, first, step, component, count, coords):
 
 
 @helper
-def _point(coords, i, sizes, padding, align_corners, forward, exact, voxels, origin_x, origin_y, origin_z):
+def _point(coords, i, sizes, rule, origin_x, origin_y, origin_z):
     """(ix, iy, iz, mx, my, mz, resolved) of point i, its grid components in ``coords`` (:func:`grid_coordinates`).
 
-    With ``voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
+    With ``rule.voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
     """
     depth, height, width = sizes
+    padding, align_corners, forward, exact, voxels = rule
     ix, mx, done_x = source_index(coords[i], width, padding, align_corners, forward, exact, voxels, origin_x)
     iy, my, done_y = source_index(coords[slot(1, i)], height, padding, align_corners, forward, exact, voxels, origin_y)
     iz, mz, done_z = source_index(coords[slot(2, i)], depth, padding, align_corners, forward, exact, voxels, origin_z)
@@ -105,15 +129,13 @@ def _side_bits(low, size, low_taps, high_taps):
 
 
 @helper
-def trilinear_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels,
-                    origin, spatial, other_spatial, coords, sides, corner, other_corner, inside, lowest, multipliers,
-                    mx, my, mz):
+def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, cells, multipliers):
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
-    Point i's x, y, z grid components sit at ``first + i * step`` and ``component``
-    apart in the flat ``grid`` (read into the scratch ``coords``, 3 * ``BLOCK`` entries, by
-    :func:`grid_coordinates`). With ``voxels`` they are a displacement in voxels and
-    point i's identity position is (origin[0] + i, origin[1], origin[2]). Fills:
+    ``points`` (:class:`.records.Points`) locates the block's grid values in the flat
+    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates`. With
+    ``rule.voxels`` they are a displacement in voxels and point i's identity position is
+    (origin[0] + i, origin[1], origin[2]). Fills, in ``cells`` (:class:`.records.Cells`):
 
     - ``sides[slot(s, i)]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
       PyTorch's weights, low = floor + 1 - index, high = index - floor);
@@ -123,17 +145,18 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
     - ``lowest[i]``: the cell's low depth, clamped to [-2, D];
     - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
 
-    Returns how many points need reflection's exact remainder (always 0 with ``exact``,
-    or with other paddings; see :func:`.coords.reflect_with_grad`): their entries are then
-    not to be used, and the engine runs the kernel built with ``exact_remainder``
-    (:func:`.forward.forward_kernel`).
+    Returns how many points need reflection's exact remainder (always 0 with
+    ``rule.exact``, or with other paddings; see :func:`.coords.reflect_with_grad`): their
+    entries are then not to be used, and the engine runs the kernel built with
+    ``exact_remainder`` (:func:`.forward.forward_kernel`).
     """
     depth, height, width = sizes
-    grid_coordinates(grid, first, step, component, count, coords)
+    sides = cells.sides
+    grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
     unresolved = 0
-    for i in range(count):
-        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(coords, i, sizes, padding, align_corners, forward, exact,
-                                                          voxels, origin[0] + i, origin[1], origin[2])
+    for i in range(points.count):
+        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(cells.coords, i, sizes, rule, origin[0] + i, origin[1],
+                                                          origin[2])
         unresolved += 1 - done
         x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
         sides[i] = x_low + 1.0 - ix
@@ -142,39 +165,38 @@ def trilinear_cells(grid, first, step, component, count, sizes, padding, align_c
         sides[slot(3, i)] = iy - y_low
         sides[slot(4, i)] = z_low + 1.0 - iz
         sides[slot(5, i)] = iz - z_low
-        x_c, y_c, z_c, corner[i] = _cell_offset(x_low, y_low, z_low, sizes, spatial)
-        other_corner[i] = np.int64(z_c * other_spatial[0] + y_c * other_spatial[1] + x_c * other_spatial[2])
+        x_c, y_c, z_c, cells.corner[i] = _cell_offset(x_low, y_low, z_low, sizes, spatial)
+        cells.other_corner[i] = np.int64(z_c * other_spatial[0] + y_c * other_spatial[1] + x_c * other_spatial[2])
         x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
-        inside[i] = _side_bits(x0, width, 0x55, 0xAA) & _side_bits(y0, height, 0x33, 0xCC) \
-            & _side_bits(z0, depth, 0x0F, 0xF0)
-        lowest[i] = z0
-        if multipliers and padding != ZEROS:  # with zeros padding they are the constant slopes
-            mx[i], my[i], mz[i] = mult_x, mult_y, mult_z
+        cells.inside[i] = _side_bits(x0, width, AXIS_TAPS[0], AXIS_TAPS[1]) \
+            & _side_bits(y0, height, AXIS_TAPS[2], AXIS_TAPS[3]) & _side_bits(z0, depth, AXIS_TAPS[4], AXIS_TAPS[5])
+        cells.lowest[i] = z0
+        if multipliers and rule.padding != ZEROS:  # with zeros padding they are the constant slopes
+            cells.mx[i], cells.my[i], cells.mz[i] = mult_x, mult_y, mult_z
     return unresolved
 
 
 @helper
-def nearest_cells(grid, first, step, component, count, sizes, padding, align_corners, forward, exact, voxels, origin,
-                  spatial, coords, corner, inside, lowest):
-    """Each point's nearest voxel: ``corner[i]`` its offset (0 outside), ``inside[i]`` 0/1, ``lowest[i]`` its depth.
+def nearest_cells(grid, points, sizes, rule, origin, spatial, cells):
+    """Each point's nearest voxel: ``cells.corner[i]`` its offset (0 outside), ``cells.inside[i]`` 0/1,
+    ``cells.lowest[i]`` its depth.
 
     Arguments and result as :func:`trilinear_cells`.
     """
     depth, height, width = sizes
-    grid_coordinates(grid, first, step, component, count, coords)
+    grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
     unresolved = 0
-    for i in range(count):
-        ix, iy, iz, _, _, _, done = _point(coords, i, sizes, padding, align_corners, forward, exact, voxels,
-                                           origin[0] + i, origin[1], origin[2])
+    for i in range(points.count):
+        ix, iy, iz, _, _, _, done = _point(cells.coords, i, sizes, rule, origin[0] + i, origin[1], origin[2])
         unresolved += 1 - done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
         x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,
                                              (iz + ROUNDER) - ROUNDER, sizes, spatial)
         x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
         within = (x0 >= 0) & (x0 < width) & (y0 >= 0) & (y0 < height) & (z0 >= 0) & (z0 < depth)
-        inside[i] = np.int64(within)
-        corner[i] = offset if within else 0
-        lowest[i] = z0
+        cells.inside[i] = np.int64(within)
+        cells.corner[i] = offset if within else 0
+        cells.lowest[i] = z0
     return unresolved
 
 
@@ -210,4 +232,4 @@ def slab_taps(count, inside, lowest, z_lo, z_hi, taps):
     for i in range(count):
         low_in = np.int64((lowest[i] >= z_lo) & (lowest[i] < z_hi))
         high_in = np.int64((lowest[i] + 1 >= z_lo) & (lowest[i] + 1 < z_hi))
-        taps[i] = inside[i] & (low_in * 0x0F | high_in * 0xF0)
+        taps[i] = inside[i] & (low_in * AXIS_TAPS[4] | high_in * AXIS_TAPS[5])

@@ -11,12 +11,15 @@ carries no branch on the modes; each is compiled on first use and cached on disk
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
-from .block import masked_offsets, nearest_cells, slot, tap_weight, trilinear_cells, unsigned
+from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_cells, slot, tap_weight, trilinear_cells,
+                    unsigned)
 from .coords import NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
+from .records import Cells, CoordinateRule, Points
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -25,13 +28,12 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
                    exact_remainder: bool = False, channels_last: bool = False):
     """The forward kernel of one mode triple (and coordinate source).
 
-    ``kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, parts, unresolved,
-    part)`` fills part ``part`` of ``parts`` equal row ranges of ``y`` (N, C, Do, Ho, Wo) from
-    ``x`` (N, C, D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3); ``sizes`` = (D, H, W),
-    ``out_sizes`` = (Do, Ho, Wo), strides in elements in the logical order of each shape.
-    Returned as one parallel kernel (:class:`.jit.Parallel`), called without ``part``, which
-    runs the ``parts`` parts at once. Every element of ``y`` is written; each sum runs over the taps in
-    PyTorch's order in float64 and is rounded once into ``y``.
+    ``kernel(x, grid, y, geometry, parts, unresolved)`` (:class:`.records.Operand` and
+    :class:`.records.Geometry` records) fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C,
+    D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3). It is one parallel kernel
+    (:class:`.jit.Parallel`) whose ``parts`` parts each fill an equal run of the output
+    rows. Every element of ``y`` is written; each sum runs over the taps in PyTorch's
+    order in float64 and is rounded once into ``y``.
 
     Reflection takes its remainder without libm, which is exact within two spans of the
     volume. A part that meets a coordinate farther out (or infinite) sets
@@ -42,8 +44,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     several times slower.)
 
     With ``voxels`` (the fused warp) ``grid`` is instead a displacement (N, 3, Do, Ho, Wo)
-    as (dz, dy, dx) in voxels, whose ``grid_strides`` are given as (n, d, h, w, -component):
-    dx sits 2 components above dz, read at a negative component step.
+    as (dz, dy, dx) in voxels, whose strides are given as (n, d, h, w, -component): dx
+    sits 2 components above dz, read at a negative component step.
 
     With ``channels_last`` (the engine sets it for channels-last data) the kernel runs the
     channel loop innermost where the strides allow; without it the kernel never compiles
@@ -52,97 +54,109 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     nearest = interpolation == NEAREST
 
     @part_kernel
-    def kernel(x_operand, x_strides, grid_operand, grid_strides, y_operand, y_strides, batch, channels, sizes,
-               out_sizes, parts, unresolved_operand, reals, integers, part):
-        x = borrowed(x_operand)
-        grid = borrowed(grid_operand)
-        y = borrowed(y_operand)
+    def kernel(x_operand, grid_operand, y_operand, geometry, parts, unresolved_operand, scratch, part):
+        x, grid, y = borrow(x_operand), borrow(grid_operand), borrow(y_operand)
         unresolved = borrowed(unresolved_operand)
-        # This part's rows of the scratch arrays (see _scratch)
-        sides, weights, no_multipliers, totals, coords = reals  # the forward needs no multipliers
-        sides, weights, totals = borrowed(sides)[part], borrowed(weights)[part], borrowed(totals)[part]
-        coords = borrowed(coords)[part]
-        no_multipliers = borrowed(no_multipliers)[part]
-        offsets, corner, unused, inside, lowest = integers
-        offsets, corner, unused = borrowed(offsets)[part], borrowed(corner)[part], borrowed(unused)[part]
-        inside, lowest = borrowed(inside)[part], borrowed(lowest)[part]
-        rows = batch * out_sizes[0] * out_sizes[1]
-        out_depth, out_height, out_width = out_sizes
-        spatial = (x_strides[2], x_strides[3], x_strides[4])
-        channel_inner = not nearest and channels >= VECTOR_CHANNELS and x_strides[1] == 1 and y_strides[1] == 1
+        cells = part_cells(scratch.cells, part)
+        work = (borrowed(scratch.weights)[part], borrowed(scratch.offsets)[part], borrowed(scratch.totals)[part])
+        rule = CoordinateRule(padding, align_corners, True, exact_remainder, voxels)
+        out_depth, out_height, out_width = geometry.out_sizes
+        rows = geometry.batch * out_depth * out_height
+        spatial = (x.strides[2], x.strides[3], x.strides[4])
         unresolved[part] = 0
         for row in range(part * rows // parts, (part + 1) * rows // parts):
-            if unresolved[part]:
-                break
             n = row // (out_depth * out_height)
             d = (row // out_height) % out_depth
             h = row % out_height
-            first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
+            first_point = n * grid.strides[0] + d * grid.strides[1] + h * grid.strides[2]
             if voxels:
-                first_point -= 2 * grid_strides[4]
-            first_out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3]
-            x_batch = n * x_strides[0]
+                first_point -= 2 * grid.strides[4]
+            first_out = n * y.strides[0] + d * y.strides[2] + h * y.strides[3]
             for start in range(0, out_width, BLOCK):
-                count = min(BLOCK, out_width - start)
-                first = first_point + start * grid_strides[3]
-                out = first_out + start * y_strides[4]
+                points = Points(first_point + start * grid.strides[3], grid.strides[3], grid.strides[4],
+                                min(BLOCK, out_width - start))
                 origin = (float(start), float(h), float(d))
+                out = first_out + start * y.strides[4]
+                # Chosen by the kernel's constants, so that each kernel compiles only its own path.
                 if nearest:
-                    if nearest_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                     align_corners, True, exact_remainder, voxels, origin, spatial, coords, corner,
-                                     inside, lowest):
+                    if not _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
                         unresolved[part] = 1
-                        break
-                    for c in range(channels):
-                        source = x_batch + c * x_strides[1]
-                        target = out + c * y_strides[1]
-                        if y_strides[4] == 1:  # a view, so that the stores are contiguous
-                            row = y[target:target + count]
-                            for i in range(count):
-                                row[i] = _nearest_value(x, source, corner, inside, i)
-                            continue
-                        for i in range(count):
-                            y[target + i * y_strides[4]] = _nearest_value(x, source, corner, inside, i)
+                        return
                     continue
-                if trilinear_cells(grid, first, grid_strides[3], grid_strides[4], count, sizes, padding,
-                                   align_corners, True, exact_remainder, voxels, origin, spatial, spatial, coords,
-                                   sides, corner, unused, inside, lowest, False, no_multipliers, no_multipliers,
-                                   no_multipliers):
+                if trilinear_cells(grid.array, points, geometry.sizes, rule, origin, spatial, spatial, cells, False):
                     unresolved[part] = 1
-                    break
-                masked_offsets(count, corner, inside, spatial, offsets)
-                if channels_last:  # a constant of the kernel, so that other kernels never compile this path
-                    if channel_inner:
-                        for i in range(count):
-                            for tap in range(8):
-                                weights[slot(tap, i)] = tap_weight(sides, tap, i)
-                        _channels_inner(count, x, x_batch, y, out, y_strides[4], channels, weights, offsets, inside,
-                                        totals)
-                        continue
-                for c in range(channels):
-                    source = x_batch + c * x_strides[1]
-                    target = out + c * y_strides[1]
-                    if y_strides[4] == 1:  # a view, so that the stores are contiguous
-                        row = y[target:target + count]
-                        for i in range(count):
-                            row[i] = _tap_sum(x, source, offsets, sides, inside, i)
-                        continue
-                    for i in range(count):
-                        y[target + i * y_strides[4]] = _tap_sum(x, source, offsets, sides, inside, i)
+                    return
+                masked_offsets(points.count, cells.corner, cells.inside, spatial, work[1])
+                if channels_last:
+                    _channels_last_sums(x, y, geometry.channels, points.count, n * x.strides[0], out, cells, work)
+                else:
+                    _channel_sums(x, y, geometry.channels, points.count, n * x.strides[0], out, cells, work[1])
 
     return Parallel(kernel, _scratch)
 
 
-def _scratch(parts: int, x, x_strides, grid, grid_strides, y, y_strides, batch, channels, *shapes):
-    """(reals, integers): the arrays a forward pass works in, each with one row per part.
+class _Scratch(NamedTuple):
+    """The arrays a forward pass works in, each with one row per part: phase A's cells, the taps' weights (8 per
+    point) and offsets (8 per point), one point's channel totals."""
+    cells: Cells
+    weights: np.ndarray
+    offsets: np.ndarray
+    totals: np.ndarray
 
-    In the kernel's order: sides (6 entries per point), weights (8), no multipliers (none),
-    totals (one per channel), coords (3 per point); offsets (8), corner, unused, inside,
-    lowest (1 each); ``BLOCK`` points. See :func:`.jit.part_kernel`.
-    """
-    reals = tuple(part_rows(parts, entries) for entries in (6 * BLOCK, 8 * BLOCK, 0, channels, 3 * BLOCK))
-    integers = tuple(part_rows(parts, entries * BLOCK, np.int64) for entries in (8, 1, 1, 1, 1))
-    return reals, integers
+
+def _scratch(parts: int, x, grid, y, geometry, *rest):
+    """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no multipliers."""
+    return _Scratch(scratch_cells(parts, multipliers=False), part_rows(parts, 8 * BLOCK),
+                    part_rows(parts, 8 * BLOCK, np.int64), part_rows(parts, geometry.channels)),
+
+
+@helper
+def _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
+    """One block of nearest: each channel's nearest voxels into ``y`` from ``out`` on; False where unresolved."""
+    spatial = (x.strides[2], x.strides[3], x.strides[4])
+    if nearest_cells(grid.array, points, geometry.sizes, rule, origin, spatial, cells):
+        return False
+    count = points.count
+    for c in range(geometry.channels):
+        source = n * x.strides[0] + c * x.strides[1]
+        target = out + c * y.strides[1]
+        if y.strides[4] == 1:  # a view, so that the stores are contiguous
+            row = y.array[target:target + count]
+            for i in range(count):
+                row[i] = _nearest_value(x.array, source, cells.corner, cells.inside, i)
+            continue
+        for i in range(count):
+            y.array[target + i * y.strides[4]] = _nearest_value(x.array, source, cells.corner, cells.inside, i)
+    return True
+
+
+@helper
+def _channels_last_sums(x, y, channels, count, x_batch, out, cells, work):
+    """:func:`_channel_sums` of channels-last data: with enough channels, the channel vector innermost."""
+    weights, offsets, totals = work
+    if channels >= VECTOR_CHANNELS and x.strides[1] == 1 and y.strides[1] == 1:
+        for i in range(count):
+            for tap in range(8):
+                weights[slot(tap, i)] = tap_weight(cells.sides, tap, i)
+        _channels_inner(count, x.array, x_batch, y.array, out, y.strides[4], channels, weights, offsets,
+                        cells.inside, totals)
+        return
+    _channel_sums(x, y, channels, count, x_batch, out, cells, offsets)
+
+
+@helper
+def _channel_sums(x, y, channels, count, x_batch, out, cells, offsets):
+    """Each channel's weighted tap sums of a block's points, into ``y`` from ``out`` on."""
+    for c in range(channels):
+        source = x_batch + c * x.strides[1]
+        target = out + c * y.strides[1]
+        if y.strides[4] == 1:  # a view, so that the stores are contiguous
+            row = y.array[target:target + count]
+            for i in range(count):
+                row[i] = _tap_sum(x.array, source, offsets, cells.sides, cells.inside, i)
+            continue
+        for i in range(count):
+            y.array[target + i * y.strides[4]] = _tap_sum(x.array, source, offsets, cells.sides, cells.inside, i)
 
 
 @helper

@@ -17,8 +17,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .block import borrow
 from .coords import NEAREST, REFLECTION, ROUNDER, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
+from .records import RowRanges
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -27,12 +29,14 @@ _MONOTONIC_LIMIT = 2.0**20
 
 
 @helper
-def _lowest_depths(grid, first, step, count, depth, nearest, padding, align_corners, voxels, origin, lowest):
+def _lowest_depths(grid, first, step, count, depth, nearest, rule, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
+    ``rule`` is (padding, align_corners, voxels, origin).
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
     which is not taken here: their entries are not to be used.
     """
+    padding, align_corners, voxels, origin = rule
     unresolved = 0
     for i in range(count):
         iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, False, voxels,
@@ -69,75 +73,86 @@ def _unfolded(smallest, largest, depth, align_corners, voxels, origin):
 
 
 @part_kernel
-def _depth_ranges(grid_operand, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-                  row_step, every_row, row_first_operand, row_last_operand, parts, part):
-    """Per row r: the least and greatest lowest-tap depth of its points.
+def _depth_ranges(grid_operand, geometry, modes, sampling, rows, parts, part):
+    """Per row r: the least and greatest lowest-tap depth of its points, into ``rows`` (:class:`.records.RowRanges`).
 
-    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h; ``row_first`` and ``row_last``
-    have one int64 entry per row. Every ``row_step``-th row is visited
-    point by point; with ``every_row`` the others get their range too, from the least and
-    greatest z value alone (a plain scan) where the lowest depth grows with the z value:
-    for zeros and border padding, and for reflection on a row that stays within the span
-    that it does not fold (:func:`_unfolded`). Rows not visited are left as they are. A row
-    with a reflection past two spans of the volume gets every plane as its range (-2 to
-    D): libm's exact remainder is not taken here (its code beside
-    the vectorised loop slows that loop), and a wider range only makes fewer rows skipped.
-    With ``voxels`` the grid is a displacement, strides as for the kernels
-    (:func:`.forward.forward_kernel`): its dz component comes first. This is part ``part``
-    of ``parts``, equal runs of the visited rows.
+    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h. ``modes`` is (interpolation,
+    padding, align_corners, voxels); ``sampling`` is (row_step, every_row): every
+    ``row_step``-th row is visited point by point; with ``every_row`` the others get
+    their range too, from the least and greatest z value alone (a plain scan) where the
+    lowest depth grows with the z value: for zeros and border padding, and for reflection
+    on a row that stays within the span that it does not fold (:func:`_unfolded`). Rows
+    not visited are left as they are. A row with a reflection past two spans of the volume
+    gets every plane as its range (-2 to D): libm's exact remainder is not taken here (its
+    code beside the vectorised loop slows that loop), and a wider range only makes fewer
+    rows skipped. With ``voxels`` the grid is a displacement, strides as for the kernels
+    (:func:`.forward.forward_kernel`): its dz component comes first. This is part
+    ``part`` of ``parts``, equal runs of the visited rows.
     """
-    grid = borrowed(grid_operand)
-    row_first = borrowed(row_first_operand)
-    row_last = borrowed(row_last_operand)
-    out_depth, out_height, out_width = out_sizes
-    nearest = interpolation == NEAREST
+    grid = borrow(grid_operand)
+    ranges = RowRanges(borrowed(rows.first), borrowed(rows.last))
+    out_depth, out_height, _ = geometry.out_sizes
+    row_step, every_row = sampling
     stride = 1 if every_row else row_step
-    visited = (batch * out_sizes[0] * out_sizes[1] + stride - 1) // stride
+    visited = (geometry.batch * out_depth * out_height + stride - 1) // stride
     lowest = np.empty(BLOCK, np.int64)
     for visit in range(part * visited // parts, (part + 1) * visited // parts):
         row = visit * stride
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
-        first_point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2]
-        if not voxels:
-            first_point += 2 * grid_strides[4]
-        if row % row_step != 0:
-            # The range from the extreme z values, unless one is NaN, infinite or huge
-            # (where the index rules stop being monotonic) or reflection folds the row:
-            # then point by point below.
-            smallest, largest = np.inf, -np.inf
-            usable = 1
-            for i in range(out_width):
-                value = float(grid[first_point + i * grid_strides[3]])
-                usable &= abs(value) < _MONOTONIC_LIMIT
-                smallest = value if value < smallest else smallest
-                largest = value if value > largest else largest
-            if usable and padding == REFLECTION:
-                usable = 1 if _unfolded(smallest, largest, sizes[0], align_corners, voxels, float(d)) else 0
-            if usable:
-                row_first[row] = _lowest_depth(smallest, sizes[0], nearest, padding, align_corners, voxels,
-                                               float(d))
-                row_last[row] = _lowest_depth(largest, sizes[0], nearest, padding, align_corners, voxels,
-                                              float(d))
-                continue
-        least, most = np.int64(2**62), -np.int64(2**62)
-        for start in range(0, out_width, BLOCK):
-            count = min(BLOCK, out_width - start)
-            if _lowest_depths(grid, first_point + start * grid_strides[3], grid_strides[3], count, sizes[0],
-                              nearest, padding, align_corners, voxels, float(d), lowest):
-                least = min(least, -2)
-                most = max(most, sizes[0])
-                continue
-            for i in range(count):
-                least = min(least, lowest[i])
-                most = max(most, lowest[i])
-        row_first[row] = least
-        row_last[row] = most
+        first_point = n * grid.strides[0] + d * grid.strides[1] + h * grid.strides[2]
+        if not modes[3]:
+            first_point += 2 * grid.strides[4]
+        if row % row_step != 0 and _range_from_extremes(grid, first_point, geometry, modes, float(d), row, ranges):
+            continue
+        _range_point_by_point(grid, first_point, geometry, modes, float(d), row, ranges, lowest)
 
 
-#: ``depth_ranges(grid, grid_strides, batch, sizes, out_sizes, interpolation, padding, align_corners, voxels,
-#: row_step, every_row, row_first, row_last, parts)``: :func:`_depth_ranges` with its visited rows in
+@helper
+def _range_from_extremes(grid, first_point, geometry, modes, origin, row, ranges):
+    """A row's range from its extreme z values; False (nothing set) where one is NaN, infinite or huge (where the
+    index rules stop being monotonic) or reflection folds the row."""
+    interpolation, padding, align_corners, voxels = modes
+    depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
+    smallest, largest = np.inf, -np.inf
+    usable = 1
+    for i in range(out_width):
+        value = float(grid.array[first_point + i * grid.strides[3]])
+        usable &= abs(value) < _MONOTONIC_LIMIT
+        smallest = value if value < smallest else smallest
+        largest = value if value > largest else largest
+    if usable and padding == REFLECTION:
+        usable = 1 if _unfolded(smallest, largest, depth, align_corners, voxels, origin) else 0
+    if not usable:
+        return False
+    nearest = interpolation == NEAREST
+    ranges.first[row] = _lowest_depth(smallest, depth, nearest, padding, align_corners, voxels, origin)
+    ranges.last[row] = _lowest_depth(largest, depth, nearest, padding, align_corners, voxels, origin)
+    return True
+
+
+@helper
+def _range_point_by_point(grid, first_point, geometry, modes, origin, row, ranges, lowest):
+    """A row's range from each point's lowest depth (every plane where a point needs the exact remainder)."""
+    interpolation, padding, align_corners, voxels = modes
+    depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
+    least, most = np.int64(2**62), -np.int64(2**62)
+    for start in range(0, out_width, BLOCK):
+        count = min(BLOCK, out_width - start)
+        if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth,
+                          interpolation == NEAREST, (padding, align_corners, voxels, origin), lowest):
+            least = min(least, -2)
+            most = max(most, depth)
+            continue
+        for i in range(count):
+            least = min(least, lowest[i])
+            most = max(most, lowest[i])
+    ranges.first[row] = least
+    ranges.last[row] = most
+
+
+#: ``depth_ranges(grid, geometry, modes, sampling, rows, parts)``: :func:`_depth_ranges` with its visited rows in
 #: ``parts`` equal runs, run at once.
 depth_ranges = Parallel(_depth_ranges)
 

@@ -1,0 +1,309 @@
+"""The executors of the CPU engine: one short function per strategy of :mod:`.planner`, each launching kernels.
+
+An executor receives the plan and the call's operands as records (:class:`ForwardWork`,
+:class:`BackwardWork`) and runs the kernel launches the plan names; :func:`launch` runs
+them, again with the exact-remainder kernels where a part flags a far reflection.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ..modes import Interpolation
+from . import pool
+from .backward import BackwardOperands, backward_kernel
+from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
+from .forward import forward_kernel
+from .planner import DxPass, GridPass, Plan, Strategy
+from .records import Carry, CarryMode, Geometry, Operand, Outputs, RowRanges
+from .slabs import depth_ranges, plan_slabs, row_parts
+
+__all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward"]
+
+# With one thread, whether a grid is smooth is judged from about this many of its rows.
+SAMPLED_ROWS = 256
+_NO_CARRY = Carry(np.empty(0), int(CarryMode.WHOLE))
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardWork:
+    """A forward's plan and operands: x (N, C, D, H, W), grid, y (N, C, Do, Ho, Wo); ``modes`` is
+    (interpolation, padding, align_corners, voxels)."""
+    plan: Plan
+    x: Operand
+    grid: Operand
+    y: Operand
+    geometry: Geometry
+    modes: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardWork:
+    """A backward's plan and operands (:class:`.backward.BackwardOperands`); ``modes`` as for :class:`ForwardWork`."""
+    plan: Plan
+    operands: BackwardOperands
+    geometry: Geometry
+    modes: tuple
+
+    @property
+    def rows(self) -> int:
+        return self.geometry.batch * self.geometry.out_sizes[0] * self.geometry.out_sizes[1]
+
+    @property
+    def planes(self) -> int:
+        return self.geometry.batch * self.geometry.sizes[0]
+
+    @functools.cached_property
+    def unranged(self) -> RowRanges:
+        """Row ranges left at (0, 0), one per row: walked by a part that owns every plane."""
+        return RowRanges(np.zeros(self.rows, np.int64), np.zeros(self.rows, np.int64))
+
+    def kernel(self, exact_remainder: bool):
+        interpolation, padding, align_corners, voxels = self.modes
+        return backward_kernel(int(interpolation), int(padding), bool(align_corners), self.plan.exact_grid_gradient,
+                               voxels, exact_remainder, channels_last=self.plan.channels_last)
+
+
+def launch(build, launches=(), together: bool = False, shared=()) -> None:
+    """Run ``build(False)(*arguments, unresolved)`` for each launch in turn, ``unresolved`` one flag per part.
+
+    With ``together`` the launches run at once instead (:func:`.pool.run_together`), each
+    with flags of its own, and so do the ``shared`` launches, whose parts go to whichever
+    thread is free; all must write disjoint elements. If a launch flags a part (a
+    reflection coordinate beyond the fast kernel's exact range, see
+    :func:`.forward.forward_kernel`), every launch runs again with ``build(True)``, the
+    kernel that takes libm's remainder, compiled only when first needed.
+    """
+    for exact_remainder in (False, True):
+        kernel = build(exact_remainder)
+        if together or shared:
+            flags = [np.zeros(kernel.part_count(*arguments), np.int64) for arguments in (*launches, *shared)]
+            prepared = [kernel.launch(*arguments, unresolved)
+                        for arguments, unresolved in zip((*launches, *shared), flags)]
+            pool.run_together(prepared[:len(launches)], prepared[len(launches):])
+            if not any(unresolved.any() for unresolved in flags):
+                return
+            continue
+        for arguments in launches:
+            unresolved = np.zeros(kernel.part_count(*arguments), np.int64)
+            kernel(*arguments, unresolved)
+            if unresolved.any():
+                break
+        else:
+            return
+
+
+def from_channel(operand: Operand, channel: int) -> Operand:
+    """``operand`` seen from channel ``channel`` on (strides unchanged)."""
+    return Operand(operand.array[channel * operand.strides[1]:], operand.strides)
+
+
+def channel_groups(channels: int, group: int):
+    """(low, high) of each run of ``group`` channels (the last may be shorter)."""
+    return [(low, min(low + group, channels)) for low in range(0, channels, group)]
+
+
+def row_step(rows: int) -> int:
+    """Every how many rows of ``rows`` a sampled judgement reads one (about ``SAMPLED_ROWS`` rows)."""
+    return max(1, rows // SAMPLED_ROWS)
+
+
+# The forward
+
+
+def run_forward(work: ForwardWork) -> None:
+    """Fill y as ``work.plan`` says."""
+    _FORWARD[work.plan.strategy](work)
+
+
+def _forward_kernel(work: ForwardWork):
+    interpolation, padding, align_corners, voxels = work.modes
+    return functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
+                             channels_last=work.plan.channels_last)
+
+
+def _forward_rows(work: ForwardWork) -> None:
+    """Runs of rows that the threads take in turn."""
+    launch(_forward_kernel(work), shared=[(work.x, work.grid, work.y, work.geometry, work.plan.runs)])
+
+
+def _forward_channel_groups(work: ForwardWork) -> None:
+    """A random grid gathers from all over every channel's plane: a group of channels at a time, the threads taking
+    the first group's runs of rows, then the next group's."""
+    geometry = work.geometry
+    launch(_forward_kernel(work), shared=[
+        (from_channel(work.x, low), work.grid, from_channel(work.y, low), geometry._replace(channels=high - low),
+         work.plan.runs) for low, high in channel_groups(geometry.channels, work.plan.channel_group)])
+
+
+def _forward_bicubic(work: ForwardWork) -> None:
+    _, padding, align_corners, voxels = work.modes
+    geometry = work.geometry
+    bicubic_fwd_kernel(work.x.array, work.x.strides, work.grid.array, work.grid.strides, work.y.array,
+                       work.y.strides, geometry.batch, geometry.channels, geometry.sizes, geometry.out_sizes,
+                       int(padding), align_corners, voxels)
+
+
+_FORWARD = {Strategy.ROWS: _forward_rows, Strategy.CHANNEL_GROUPS: _forward_channel_groups,
+            Strategy.BICUBIC: _forward_bicubic}
+
+
+# The backward
+
+
+def run_backward(work: BackwardWork) -> None:
+    """Fill the outputs the plan asks for (dx, dgrid) as ``work.plan`` says."""
+    _BACKWARD[work.plan.strategy](work)
+
+
+def _whole(work: BackwardWork) -> np.ndarray:
+    """One part that owns every plane and walks every row."""
+    return np.array([[0, work.planes, 0, work.rows]], np.int64)
+
+
+def _unranged(work: BackwardWork) -> RowRanges:
+    """Row ranges left at (0, 0): walked by a part that owns every plane."""
+    return work.unranged
+
+
+def _slabs(work: BackwardWork, count: int):
+    """(parts, row ranges): ``count`` slabs of dx's planes, balanced by the points that reach them.
+
+    One slab owns every plane and skips no row, so it needs no row ranges; several need
+    every row's depth range (:func:`.slabs.depth_ranges`).
+    """
+    ranges = _unranged(work)
+    if count == 1:
+        return _whole(work), ranges
+    interpolation, padding, align_corners, voxels = work.modes
+    geometry = work.geometry
+    depth_ranges(work.operands.grid, geometry, (int(interpolation), int(padding), bool(align_corners), voxels),
+                 (row_step(work.rows), True), ranges, count)
+    nearest = interpolation == Interpolation.NEAREST
+    return plan_slabs(ranges.first, ranges.last, geometry.batch, geometry.sizes[0],
+                      geometry.sizes[1] * geometry.sizes[2], geometry.out_sizes[2], 1 if nearest else 2,
+                      count), ranges
+
+
+def _grid_rows_launch(work: BackwardWork):
+    """The grid gradient's launch by runs of rows, every channel at once."""
+    return (work.operands, work.geometry, row_parts(work.rows, work.planes, work.plan.runs), _unranged(work),
+            Outputs(False, True), _NO_CARRY)
+
+
+def _backward_fused(work: BackwardWork) -> None:
+    """One thread walks a smooth grid once for both outputs."""
+    launch(work.kernel, [(work.operands, work.geometry, _whole(work), _unranged(work), Outputs(True, True),
+                          _NO_CARRY)])
+
+
+def _backward_beside(work: BackwardWork) -> None:
+    """The grid gradient on some threads while the others add dx.
+
+    Vector gathers on one, the scalar scatter on the other, which share a core's ports
+    better than two copies of the fused pass (docs/cpu.md). The grid gradient comes in
+    short runs of rows that any thread takes up once its dx slab is done, so that both
+    passes end together however unequal they are.
+    """
+    parts, ranges = _slabs(work, work.plan.dx_parts)
+    launch(work.kernel, [(work.operands, work.geometry, parts, ranges, Outputs(True, False), _NO_CARRY)],
+           shared=[_grid_rows_launch(work)])
+
+
+def _backward_passes(work: BackwardWork) -> None:
+    """The grid gradient's pass, then dx's."""
+    _GRID_PASSES[work.plan.grid_pass](work)
+    _DX_PASSES[work.plan.dx_pass](work)
+
+
+def _nothing(work: BackwardWork) -> None:
+    """No pass: the output is not asked for, or (nearest's grid gradient) zeroed by the engine."""
+
+
+def _grid_by_rows(work: BackwardWork) -> None:
+    launch(work.kernel, shared=[_grid_rows_launch(work)])
+
+
+def _channel_slice(work: BackwardWork, low: int, high: int) -> BackwardOperands:
+    """The operands of a launch over channels low .. high - 1 only (grad, x and dx; an empty dx stays empty)."""
+    operands = work.operands
+    return operands._replace(grad=from_channel(operands.grad, low), x=from_channel(operands.x, low),
+                             dx=from_channel(operands.dx, low))
+
+
+def _grid_by_channel_groups(work: BackwardWork) -> None:
+    """A random grid's grid gradient a group of channels at a time.
+
+    Each group's pass continues the sums of the groups before it (the carry), in
+    PyTorch's order, over a chunk of rows whose sums fit ``tuning.CARRY_BYTES``; a far
+    reflection in any group reruns the chunk's groups exactly.
+    """
+    chunk, rows, width = work.plan.carry_rows, work.rows, work.geometry.out_sizes[2]
+    groups = channel_groups(work.geometry.channels, work.plan.grid_channel_group)
+    sums = np.empty(3 * min(chunk, rows) * width)
+    for first in range(0, rows, chunk):
+        last = min(first + chunk, rows)
+        parts = row_parts(last - first, work.planes, work.plan.threads)
+        parts[:, 2:] += first
+        carried = sums[:3 * (last - first) * width]
+        launch(work.kernel, [(_channel_slice(work, low, high), work.geometry._replace(channels=high - low), parts,
+                              _unranged(work), Outputs(False, True), Carry(carried, int(_carry_mode(low, high, groups))))
+                             for low, high in groups])
+
+
+def _carry_mode(low: int, high: int, groups) -> CarryMode:
+    if len(groups) == 1:
+        return CarryMode.WHOLE
+    return CarryMode.FIRST if low == 0 else (CarryMode.LAST if high == groups[-1][1] else CarryMode.MIDDLE)
+
+
+def _dx_in_slabs(work: BackwardWork) -> None:
+    parts, ranges = _slabs(work, work.plan.dx_parts)
+    launch(work.kernel, [(work.operands, work.geometry, parts, ranges, Outputs(True, False), _NO_CARRY)])
+
+
+def _dx_channel_launch(work: BackwardWork, low: int, high: int):
+    return (_channel_slice(work, low, high), work.geometry._replace(channels=high - low), _whole(work),
+            _unranged(work), Outputs(True, False), _NO_CARRY)
+
+
+def _dx_by_channel_groups(work: BackwardWork) -> None:
+    """A random grid scatters every channel's taps over its whole plane: dx a group of channels at a time keeps the
+    group's planes in the cache while every point adds into them (each launch computes every point's taps again),
+    each free thread taking the next group. Each voxel still sums in point order."""
+    launch(work.kernel, shared=[_dx_channel_launch(work, low, high)
+                                for low, high in channel_groups(work.geometry.channels, work.plan.channel_group)])
+
+
+def _dx_by_channel_halves(work: BackwardWork) -> None:
+    """dx by two channel groups, each part owning every plane of its channels: the two parts then share the planes
+    they keep in the caches (a core's two hyperthreads), where two slabs each kept their own (docs/cpu.md). Each part
+    computes every point's taps."""
+    half = work.geometry.channels // 2
+    launch(work.kernel, [_dx_channel_launch(work, 0, half), _dx_channel_launch(work, half, work.geometry.channels)],
+           together=True)
+
+
+def _backward_bicubic(work: BackwardWork) -> None:
+    _, padding, align_corners, voxels = work.modes
+    ops, geometry = work.operands, work.geometry
+    shapes = (geometry.batch, geometry.channels, geometry.sizes, geometry.out_sizes, int(padding), align_corners,
+              voxels)
+    if work.plan.dx_pass != DxPass.NONE:
+        # Equal runs of planes: every slab walks every point, so the work splits evenly.
+        bounds = np.linspace(0, work.planes, work.plan.threads + 1).round().astype(np.int64)
+        bicubic_dx_kernel(ops.grad.array, ops.grad.strides, ops.grid.array, ops.grid.strides, ops.dx.array,
+                          ops.dx.strides, bounds, *shapes)
+    if work.plan.grid_pass != GridPass.NONE:
+        bicubic_dgrid_kernel(ops.grad.array, ops.grad.strides, ops.x.array, ops.x.strides, ops.grid.array,
+                             ops.grid.strides, ops.dgrid.array, ops.dgrid.strides, *shapes)
+
+
+_GRID_PASSES = {GridPass.NONE: _nothing, GridPass.ZEROS: _nothing, GridPass.ROWS: _grid_by_rows,
+                GridPass.CHANNEL_GROUPS: _grid_by_channel_groups}
+_DX_PASSES = {DxPass.NONE: _nothing, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
+              DxPass.CHANNEL_HALVES: _dx_by_channel_halves}
+_BACKWARD = {Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside, Strategy.PASSES: _backward_passes,
+             Strategy.BICUBIC: _backward_bicubic}

@@ -1,0 +1,115 @@
+"""The records the CPU kernels take their arguments in, and the named constants they share.
+
+A kernel never takes a tensor's array and its strides as two loose arguments: an
+:class:`Operand` carries both, a :class:`Geometry` carries every size, and flags travel
+as named records (:class:`Outputs`, :class:`CoordinateRule`). Numba passes named tuples
+to compiled code as plain structures, flattened into the arguments (so every array in
+them still gets the ``noalias`` promise of :mod:`.jit`): the records cost nothing at run
+time.
+"""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["ALL_TAPS", "AXIS_TAPS", "Carry", "CarryMode", "CoordinateRule", "Geometry", "Operand", "Outputs",
+           "Cells", "Points", "RowRanges"]
+
+
+class Operand(NamedTuple):
+    """A tensor as a kernel reads or writes it: a flat 1-D array from its first element, and its element strides.
+
+    ``strides`` follow the tensor's logical order: (n, c, d, h, w) for volumes, (n, d, h, w,
+    component) for grids; a displacement's are given in grid order too (see
+    :func:`.forward.forward_kernel`).
+    """
+    array: np.ndarray
+    strides: tuple
+
+
+class Geometry(NamedTuple):
+    """The sizes of one call: batch N, channels C, the input's (D, H, W) and the output's (Do, Ho, Wo)."""
+    batch: int
+    channels: int
+    sizes: tuple
+    out_sizes: tuple
+
+
+class Outputs(NamedTuple):
+    """Which outputs a backward launch writes."""
+    dx: bool
+    dgrid: bool
+
+
+class CoordinateRule(NamedTuple):
+    """How a grid value becomes a source index (:func:`.coords.source_index`), constant in each kernel.
+
+    ``forward`` marks the forward's rule (which differs from the backward's for NaN with
+    border padding, as PyTorch's); ``exact`` takes libm's remainder for reflection;
+    ``voxels`` reads a displacement in voxels instead of a normalised grid.
+    """
+    padding: int
+    align_corners: bool
+    forward: bool
+    exact: bool
+    voxels: bool
+
+
+class Points(NamedTuple):
+    """A run of ``count`` consecutive output points of one row in a flat grid.
+
+    Point i's x component sits at ``first + i * step``, its y and z ``component`` and twice
+    ``component`` after it.
+    """
+    first: int
+    step: int
+    component: int
+    count: int
+
+
+class Cells(NamedTuple):
+    """Phase A's results for a block of points (:func:`.block.trilinear_cells`), one part's scratch rows.
+
+    ``coords`` (3 * BLOCK) the grid components; ``sides`` (6 * BLOCK) the axis weights;
+    ``corner`` and ``other_corner`` the lowest corner's offset under two sets of strides;
+    ``inside`` the taps in the volume; ``lowest`` the cell's low depth; ``mx``, ``my``,
+    ``mz`` the grid gradient's multipliers (empty where no multipliers are kept).
+    """
+    coords: np.ndarray
+    sides: np.ndarray
+    corner: np.ndarray
+    other_corner: np.ndarray
+    inside: np.ndarray
+    lowest: np.ndarray
+    mx: np.ndarray
+    my: np.ndarray
+    mz: np.ndarray
+
+
+class RowRanges(NamedTuple):
+    """Per output row (n * Do * Ho + d * Ho + h), the least and greatest depth its points' lowest taps reach."""
+    first: np.ndarray
+    last: np.ndarray
+
+
+class CarryMode(enum.IntEnum):
+    """Where a pass of the grid gradient over a group of channels starts and ends its sums."""
+    WHOLE = 0  # every channel in one pass: from zero into dgrid
+    FIRST = 1  # the first group: from zero into the carried sums
+    MIDDLE = 2  # from the carried sums into the carried sums
+    LAST = 3  # from the carried sums into dgrid
+
+
+class Carry(NamedTuple):
+    """The grid gradient's sums carried between groups of channels: x, y, z rows of points, and the pass's mode."""
+    sums: np.ndarray
+    mode: int
+
+
+#: Tap k of a cell steps x with bit 0, y with bit 1 and z with bit 2 (PyTorch's order).
+#: AXIS_TAPS[2 * axis + side]: the taps on the low (side 0) or high (side 1) side of an axis.
+AXIS_TAPS = (0x55, 0xAA, 0x33, 0xCC, 0x0F, 0xF0)
+#: Every tap of a cell.
+ALL_TAPS = 0xFF
