@@ -1,6 +1,9 @@
 """The ``gridsampler3d`` command line.
 
     gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
+    gridsampler3d cases --out DIR [--count K] [--seed S] [--dtypes float16,bfloat16,float32,float64]
+    gridsampler3d compare (--case DIR | --grad g.npy --input x.npy --grid grid.npy [attributes] [--dtype D])
+        [--dx FILE] [--dgrid FILE] [--json PATH]
     gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
     gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
     gridsampler3d bench [--cases ...] [--threads N] [--explain] [--json FILE] [--plot FILE]
@@ -9,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -22,13 +26,21 @@ class CliError(Exception):
     """A user error reported as one line on stderr with exit code 2."""
 
 
-def _add_attributes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interpolation-mode", default="bilinear",
+def _add_attributes(parser: argparse.ArgumentParser, *, defaults: bool = True, backend: bool = True) -> None:
+    """The backward's attribute flags. Without ``defaults`` a flag not given reads None, so that
+    ``compare`` can tell it from a case folder's; it fills in the same defaults itself."""
+    def default(value):
+        return value if defaults else None
+
+    parser.add_argument("--interpolation-mode", default=default("bilinear"),
                         help="bilinear (0), nearest (1) or bicubic (2, tricubic); default bilinear")
-    parser.add_argument("--padding-mode", default="zeros", help="zeros (0), border (1) or reflection (2)")
-    parser.add_argument("--align-corners", action="store_true", help="treat -1/1 as corner voxel centres")
-    parser.add_argument("--data-format", default="NCDHW", help="NCDHW or NDHWC for grad, input and dx")
-    parser.add_argument("--backend", default="auto", help="auto, reference, ... (see `gridsampler3d backends`)")
+    parser.add_argument("--padding-mode", default=default("zeros"),
+                        help="zeros (0), border (1) or reflection (2)")
+    parser.add_argument("--align-corners", action="store_true", default=default(False),
+                        help="treat -1/1 as corner voxel centres")
+    parser.add_argument("--data-format", default=default("NCDHW"), help="NCDHW or NDHWC for grad, input and dx")
+    if backend:
+        parser.add_argument("--backend", default="auto", help="auto, reference, ... (see `gridsampler3d backends`)")
 
 
 def _mode(value: str):
@@ -96,6 +108,70 @@ def _run(args: argparse.Namespace) -> int:
               f"{np.abs(values[finite]).max() if finite.any() else 0.0:.6g}  non-finite {int((~finite).sum())}"
               f"  -> {out / (name + '.npy')}")
     return 0
+
+
+def _cases(args: argparse.Namespace) -> int:
+    from . import golden_kit
+
+    dtypes = [name.strip() for name in args.dtypes.split(",") if name.strip()]
+    try:
+        folders = golden_kit.write_cases(args.out, count=args.count, seed=args.seed, dtypes=dtypes,
+                                         echo=lambda folder: print(f"  {folder}", flush=True))
+    except OSError as error:
+        raise CliError(f"--out: cannot write to {args.out} ({error})") from None
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    print(f"wrote {len(folders)} cases to {args.out} (dtypes {', '.join(dict.fromkeys(dtypes))}; seed {args.seed}). "
+          "Run your backward on each case's inputs, then judge its outputs with "
+          "`gridsampler3d compare --case FOLDER --dx FILE --dgrid FILE`.")
+    return 0
+
+
+def _compare_case(args: argparse.Namespace):
+    """The case to judge: a case folder, or three .npy files with the attribute flags."""
+    from . import golden_kit
+
+    inputs = {"--grad": args.grad, "--input": args.input, "--grid": args.grid}
+    attributes = {"--interpolation-mode": args.interpolation_mode, "--padding-mode": args.padding_mode,
+                  "--align-corners": args.align_corners, "--data-format": args.data_format, "--dtype": args.dtype}
+    if args.case is not None:
+        clashing = [flag for flag, value in {**inputs, **attributes}.items() if value is not None]
+        if clashing:
+            raise CliError(f"--case gives the inputs, the attributes and the dtype; drop {', '.join(clashing)}")
+        return golden_kit.read_case(args.case)
+    missing = [flag for flag, path in inputs.items() if path is None]
+    if missing:
+        raise CliError(f"give --case, or --grad, --input and --grid; missing {', '.join(missing)}")
+    if args.dtype is not None and args.dtype not in golden_kit.DTYPES:
+        raise CliError(f"--dtype must be one of {', '.join(golden_kit.DTYPES)}; got {args.dtype!r}")
+    return golden_kit.case_from_npy(
+        args.grad, args.input, args.grid, dtype=golden_kit.DTYPES.get(args.dtype),
+        interpolation_mode=_mode(args.interpolation_mode or "bilinear"),
+        padding_mode=_mode(args.padding_mode or "zeros"), align_corners=bool(args.align_corners),
+        data_format=args.data_format or "NCDHW")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from . import golden_kit, judge
+
+    if args.dx is None and args.dgrid is None:
+        raise CliError("nothing to judge: give --dx, --dgrid or both")
+    try:
+        case = _compare_case(args)
+        likes = {"dx": case.input, "dgrid": case.grid}
+        outputs = {name: golden_kit.read_array(path, label=f"--{name}", dtype=case.dtype, shape=likes[name].shape)
+                   for name, path in (("dx", args.dx), ("dgrid", args.dgrid)) if path is not None}
+        reports = judge.judge(case, **outputs)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    print(judge.format_report(case, reports))
+    if args.json:
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(judge.to_json(reports), indent=2) + "\n")
+        except OSError as error:
+            raise CliError(f"--json: cannot write {args.json} ({error})") from None
+    return 0 if judge.passed(reports) else 1
 
 
 def _require_device(device: str) -> None:
@@ -193,6 +269,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attributes(run)
     run.add_argument("--out", default="out/run", help="folder for dx.npy and dgrid.npy (default out/run)")
     run.set_defaults(handler=_run)
+
+    cases = commands.add_parser(
+        "cases", help="write case folders (inputs and float64 golden dx, dgrid) to run on another implementation "
+                      "and judge with `compare`",
+        description="Write case folders: case.json (dtype, data_format, modes, align_corners, file names, "
+                    "shapes), the inputs grad, input and grid in the case's dtype and data format (.npy; "
+                    "bfloat16 as raw little-endian .bin), and the float64 golden dx_golden.npy and "
+                    "dgrid_golden.npy. The set covers every mode, padding, align_corners, dtype and data format, "
+                    "odd sizes, grids far out of range and non-finite grid values.")
+    cases.add_argument("--out", required=True, metavar="DIR", help="folder to hold the case folders")
+    cases.add_argument("--count", type=int, metavar="K", help="the first K cases of the fixed order (default: all 24; "
+                                                 "every dtype from K = 4 on)")
+    cases.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the values (default 0)")
+    cases.add_argument("--dtypes", default="float16,bfloat16,float32,float64", metavar="LIST",
+                       help="comma-separated dtypes, taking turns along the cases (default: all four)")
+    cases.set_defaults(handler=_cases)
+
+    compare = commands.add_parser(
+        "compare", help="judge another implementation's dx and dgrid by the precision rule: "
+                        "exit 0 pass, 1 fail, 2 unusable input",
+        description="Judge dx and dgrid against the float64 golden: MARE, MERE and RMSE at most 2, 1.2 and "
+                    "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
+                    "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes from --case, or from --grad, --input and --grid (.npy) with "
+                    "the attribute flags. Exit 0: every output given passes; 1: one fails; 2: unusable input.")
+    compare.add_argument("--case", metavar="DIR", help="a case folder written by `gridsampler3d cases` (inputs, attributes, dtype)")
+    compare.add_argument("--grad", help="instead of --case: dL/dy, .npy (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C)")
+    compare.add_argument("--input", help="instead of --case: x, .npy (N, C, Di, Hi, Wi) or (N, Di, Hi, Wi, C)")
+    compare.add_argument("--grid", help="instead of --case: the grid, .npy (N, Do, Ho, Wo, 3)")
+    _add_attributes(compare, defaults=False, backend=False)
+    compare.add_argument("--dtype", metavar="DTYPE", help="without --case: float16, bfloat16, float32 or float64 (default: the "
+                                         "--input file's); .npy inputs of another dtype must hold its values exactly")
+    compare.add_argument("--dx", metavar="FILE", help="dx to judge: .npy, or raw little-endian .bin, in the case's dtype, "
+                                      "shaped like x")
+    compare.add_argument("--dgrid", metavar="FILE", help="dgrid to judge: .npy or .bin, in the case's dtype, shaped like the grid")
+    compare.add_argument("--json", metavar="PATH", help="also write the verdict and the metrics here as JSON")
+    compare.set_defaults(handler=_compare)
 
     demo = commands.add_parser("demo", help="register a warped phantom through this library; figures and Dice")
     demo.add_argument("--size", type=int, default=48, help="edge of the phantom volume (default 48)")

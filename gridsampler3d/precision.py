@@ -65,8 +65,19 @@ class Report:
         return tuple(ours / max(theirs, self.floor) for ours, theirs in pairs)
 
     @property
+    def limits(self) -> tuple[float, float, float]:
+        """The largest MARE, MERE and RMSE that pass: RATIOS times max(competitor's metric, floor)."""
+        competitor = (self.competitor.mare, self.competitor.mere, self.competitor.rmse)
+        return tuple(ratio * max(theirs, self.floor) for ratio, theirs in zip(RATIOS, competitor))
+
+    @property
+    def within(self) -> tuple[bool, bool, bool]:
+        """Whether MARE, MERE and RMSE each pass (ratio at most RATIOS); non-finite placement aside."""
+        return tuple(r <= limit for r, limit in zip(self.ratios, RATIOS))
+
+    @property
     def passed(self) -> bool:
-        return self.ours.nonfinite_mismatches == 0 and all(r <= limit for r, limit in zip(self.ratios, RATIOS))
+        return self.ours.nonfinite_mismatches == 0 and all(self.within)
 
     def __str__(self) -> str:
         ratios = " ".join(f"{r:.3g}" for r in self.ratios)
