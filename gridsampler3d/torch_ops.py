@@ -10,6 +10,10 @@
 All take NCDHW tensors (displacements (N, 3, D, H, W)) (a channels-last tensor is accepted as is) and the aclnn integer
 codes. An output of the backward that ``output_mask`` does not ask for comes back as an
 empty tensor (custom ops cannot return None); the autograd layer turns it into None.
+
+While ``torch.onnx.export`` traces a model, ``grid_sample`` and ``warp`` (so ``Warp3d`` and
+``integrate_velocity`` too) call the composites of ``onnx.py`` instead of the custom ops,
+which no ONNX runtime knows.
 """
 from __future__ import annotations
 
