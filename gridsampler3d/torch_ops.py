@@ -10,6 +10,10 @@
 All take NCDHW tensors (displacements (N, 3, D, H, W)) (a channels-last tensor is accepted as is) and the aclnn integer
 codes. An output of the backward that ``output_mask`` does not ask for comes back as an
 empty tensor (custom ops cannot return None); the autograd layer turns it into None.
+
+While ``torch.onnx.export`` traces a model, ``grid_sample`` and ``warp`` (so ``Warp3d`` and
+``integrate_velocity`` too) call the composites of ``onnx.py`` instead of the custom ops,
+which no ONNX runtime knows.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import api, composite
+from . import api, composite, onnx
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
 from .modes import (DataFormat, DisplacementFormat, parse_align_corners, parse_data_format,
                     parse_displacement_format, parse_interpolation, parse_padding)
@@ -129,7 +133,9 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     if input.dim() == 5:  # anything else reaches the op's own shape check, which names it
         input = to_ncdhw(input, data_format)
     device_type = input.device.type
-    if torch.is_autocast_enabled(device_type):
+    if onnx.exporting():
+        output = onnx.grid_sample(input, grid, interpolation, padding, align_corners)
+    elif torch.is_autocast_enabled(device_type):
         with torch.autocast(device_type, enabled=False):
             output = grid_sampler3d_op(input.float(), grid.float(), int(interpolation), int(padding), align_corners)
     else:
@@ -210,7 +216,9 @@ def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_m
     check_warp(volume, displacement, data_format, displacement_format)
     x = to_ncdhw(volume, data_format)
     field = displacement.permute(0, 4, 1, 2, 3) if displacement_format == DisplacementFormat.NDHW3 else displacement
-    if autocast:
+    if onnx.exporting():
+        output = onnx.warp(x, field, interpolation, padding, align_corners)
+    elif autocast:
         with torch.autocast(device_type, enabled=False):
             output = warp3d_op(x, field, int(interpolation), int(padding), align_corners)
     else:

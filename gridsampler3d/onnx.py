@@ -1,0 +1,141 @@
+"""ONNX export: what ``grid_sample``, ``warp``, ``Warp3d`` and ``integrate_velocity`` become in a graph.
+
+``torch.onnx.export(model, args, path, opset_version=20)`` works unchanged for a model built
+on this library, with the default (dynamo) exporter and with ``dynamo=False``. No ONNX
+runtime knows this library's custom ops, so while an ONNX export traces the model the
+public functions of ``torch_ops`` call the composites below instead, made of
+``torch.nn.functional.grid_sample``, which both exporters translate to the standard ONNX
+GridSample (opset 20, the first whose GridSample takes 5-D input):
+
+    grid_sample(input, grid)      ->  GridSample(input, grid)
+    warp(volume, displacement)    ->  GridSample(volume, normalised(identity + displacement))
+
+The identity grid is built from the traced sizes, so a model exported with dynamic batch
+and spatial sizes runs on other sizes. What ONNX cannot express is refused while the
+export traces, with ``torch.onnx.OnnxExporterError``: tricubic sampling, and an opset below 20.
+
+Outside an export the whole cost is :func:`exporting`'s first test, two flag reads.
+torch has no public way to tell the traced model that torch.export's strict capture is
+working for ``torch.onnx.export``, nor which opset the export writes: the reads of the
+exporters' own state are kept in :func:`_onnx_export_in_progress` and
+:func:`_requested_opset`, each with a fallback, and tests/test_onnx.py fails if torch
+moves them.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .modes import Interpolation, Padding
+
+__all__ = ["MIN_OPSET", "exporting", "grid_sample", "warp"]
+
+MIN_OPSET = 20  # GridSample before opset 20 samples 4-D input only
+
+# Set while torch.export traces, strict or not (absent from older torch).
+_torch_exporting = getattr(torch.compiler, "is_exporting", None)
+
+
+def exporting() -> bool:
+    """Whether ``torch.onnx.export`` is tracing the caller (either exporter; torch.export strict or not)."""
+    if _torch_exporting is None:
+        return torch.onnx.is_in_onnx_export()
+    # The dynamo exporter traces with torch.export, the TorchScript one with the JIT tracer;
+    # torch.compile sees both flags as False.
+    if not (_torch_exporting() or torch.jit.is_tracing()):
+        return False
+    return _onnx_export_in_progress()
+
+
+def _onnx_export_in_progress() -> bool:
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        # The public test, which torch.export's strict capture (the dynamo exporter's second
+        # try) reads as False: that capture would then meet the custom op.
+        return torch.onnx.is_in_onnx_export()
+    return _flags._is_onnx_exporting or GLOBALS.in_onnx_export
+
+
+def _requested_opset() -> int | None:
+    """The opset of the model the export under way writes, or None where torch does not say."""
+    try:
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        return None
+    if GLOBALS.in_onnx_export:
+        return GLOBALS.export_onnx_opset_version
+    # The dynamo exporter translates at opset 18 or above, then converts the finished model to
+    # the opset asked for (asked for 16 to 19, it writes a 5-D GridSample those opsets do not
+    # define): only its entry point's argument knows that opset.
+    try:
+        from torch.onnx._internal.exporter._compat import export_compat
+    except ImportError:
+        return None
+    code = inspect.unwrap(export_compat).__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return frame.f_locals.get("opset_version")
+        frame = frame.f_back
+    return None
+
+
+def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) -> None:
+    if interpolation == Interpolation.BICUBIC:
+        raise torch.onnx.OnnxExporterError(
+            f"gridsampler3d: {what} with mode='bicubic' (tricubic, 5-D) cannot be exported to ONNX: ONNX "
+            f"runtimes do not implement GridSample's cubic mode on 5-D input. Export the model with "
+            f"mode='bilinear' or mode='nearest', or keep the tricubic sampling outside the exported graph.")
+    if torch.compiler.is_dynamo_compiling():
+        # Only reached once the dynamo exporter's first, non-strict capture has failed; its error
+        # is the one reported. Strict capture cannot read the opset asked for.
+        raise torch.onnx.OnnxExporterError(
+            f"gridsampler3d: {what} is exported to ONNX from torch.export's non-strict capture only, "
+            f"which torch.onnx.export tries first; see the error that capture raised.")
+    opset = _requested_opset()
+    if opset is not None and opset < MIN_OPSET:
+        raise torch.onnx.OnnxExporterError(
+            f"gridsampler3d: {what} on 5-D input needs ONNX opset {MIN_OPSET} or later (GridSample before "
+            f"opset {MIN_OPSET} samples 4-D input only); got opset_version={opset}. Export with "
+            f"opset_version={MIN_OPSET}.")
+
+
+def grid_sample(input: Tensor, grid: Tensor, interpolation: Interpolation, padding: Padding,
+                align_corners: bool) -> Tensor:
+    """input (N, C, Di, Hi, Wi), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo), as one ONNX GridSample."""
+    _refuse_what_onnx_cannot_express(interpolation, "grid_sample")
+    return F.grid_sample(input, grid, interpolation.name.lower(), padding.name.lower(), align_corners)
+
+
+def warp(volume: Tensor, displacement: Tensor, interpolation: Interpolation, padding: Padding,
+         align_corners: bool) -> Tensor:
+    """volume (N, C, D, H, W) at identity + displacement (N, 3, D, H, W; (dz, dy, dx) in voxels) -> (N, C, D, H, W).
+
+    Along an axis of S voxels the position p = index + displacement becomes the grid value
+    that GridSample unnormalises back to p. The fused warp's ``align_corners`` only sets
+    reflection's bounds, so zeros and border padding, and reflection about the outer edges,
+    take GridSample's align_corners=False and ``g = (2 p + 1) / S - 1``, exact for S = 1
+    too; reflection about the end voxels' centres takes align_corners=True and
+    ``g = 2 p / (S - 1) - 1``, where for S = 1 (index 0, whatever p) the divisor is 1.
+    """
+    _refuse_what_onnx_cannot_express(interpolation, "warp")
+    about_centres = padding == Padding.REFLECTION and align_corners
+    coordinates = []  # z, y, x
+    for axis in range(3):
+        size = displacement.shape[2 + axis]
+        index = torch.arange(size, dtype=displacement.dtype, device=displacement.device)
+        position = displacement[:, axis] + index.reshape((-1,) + (1,) * (2 - axis))
+        if about_centres:
+            # S - 1 as the last index (a traced value, so that it follows a dynamic size), at least 1.
+            last = index[-1:].clamp(min=1).reshape(())
+            coordinates.append(2 * position / last - 1)
+        else:
+            coordinates.append((2 * position + 1) / size - 1)
+    grid = torch.stack(coordinates[::-1], dim=-1)  # (N, D, H, W, 3): (x, y, z)
+    return F.grid_sample(volume, grid, interpolation.name.lower(), padding.name.lower(), about_centres)
