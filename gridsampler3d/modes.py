@@ -42,9 +42,9 @@ class DisplacementFormat(str, enum.Enum):
 
 
 def _parse_enum(value, enum_type, what: str):
-    names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
-    if isinstance(value, enum_type):
+    if isinstance(value, enum_type):  # first: the engines' own calls pass members
         return value
+    names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
     if isinstance(value, bool):
         raise TypeError(f"{what} must be one of {names}; got the bool {value!r}")
     if isinstance(value, str):

@@ -302,9 +302,9 @@ def test_every_way_of_reading_the_grid_gives_the_same_bits(mode, threads):
         assert _equal(ddisplacement, ddisplacement_rows.permute(0, 4, 1, 2, 3))
 
 
-def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
-    """Below tuning.PARALLEL_VALUES a call runs as one part on the calling thread; above it, the forward's rows run
-    as tuning.SHARED_RUNS runs per thread."""
+def test_small_calls_run_serially_with_the_same_bits(threads, monkeypatch):
+    """Below tuning.PARALLEL_VALUES a call runs its one walk on the calling thread, handing nothing to the pool;
+    above it, the forward's rows run as tuning.SHARED_RUNS runs per thread. The bits are the same either way."""
     from conftest import DEFAULT_PARALLEL_VALUES
     from gridsampler3d.cpu import pool, tuning
 
@@ -322,12 +322,42 @@ def test_small_calls_run_as_one_part_with_the_same_bits(threads, monkeypatch):
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", DEFAULT_PARALLEL_VALUES)
     assert grad.numel() < DEFAULT_PARALLEL_VALUES
     whole = (gs.grid_sampler3d(x, grid, backend="numba"), *gs.grid_sampler3d_backward(grad, x, grid, backend="numba"))
-    assert parts and set(parts) == {1}, parts
+    assert parts == [], parts
     assert all(torch.equal(a, b) for a, b in zip(split, whole))
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", grad.numel())
     parts.clear()
     gs.grid_sampler3d(x, grid, backend="numba")
     assert parts == [2 * tuning.SHARED_RUNS]  # of its 42 rows
+
+
+@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+def test_small_calls_equal_the_golden(attributes, data_format, monkeypatch):
+    """The serial route of small calls (one walk for both outputs, scratch kept between calls): float64 bitwise
+    PyTorch's, every output mask, far and non-finite coordinates included."""
+    from conftest import DEFAULT_PARALLEL_VALUES
+    from gridsampler3d.cpu import tuning
+
+    mode, padding, align_corners = attributes
+    if mode == "bicubic":
+        pytest.skip("the bicubic kernels have their own tests (test_bicubic)")
+    monkeypatch.setattr(tuning, "PARALLEL_VALUES", DEFAULT_PARALLEL_VALUES)
+    grad, x, grid = _with_nonfinite(*make_case(2, 3, (5, 6, 7), (4, 5, 9), torch.float64, low=-1.3, high=1.3))
+    grid[1, 2, 3, 4, 0] = 7.5  # past two spans: the exact kernel runs too
+    assert gs.explain(x, grid, grad, mode, padding, align_corners).strategy.value == "serial"
+    golden = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
+    for mask in ((True, True), (True, False), (False, True)):
+        for repeat in range(2):  # the second call runs on the kept scratch
+            ours = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, output_mask=mask,
+                                              backend="numba")
+            for mine, gold, wanted in zip(ours, golden, mask):
+                assert (mine is None) if not wanted else _equal(mine, gold), (mask, repeat)
+    if data_format == "NDHWC":
+        x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
+    y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend="numba")
+    expected = precision.golden_forward(x if data_format == "NCDHW" else x.permute(0, 4, 1, 2, 3), grid, mode,
+                                        padding, align_corners)
+    assert _equal(y if data_format == "NCDHW" else y.permute(0, 4, 1, 2, 3), expected)
 
 
 @pytest.mark.parametrize("slabs", [1, 2, 3, 7])

@@ -36,10 +36,9 @@ _KERNEL_DTYPES = (torch.float32, torch.float64)
 
 def _flat(tensor: torch.Tensor):
     """(flat 1-D NumPy view from the tensor's first element, element strides) — no copy."""
-    array = tensor.detach().numpy()
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    flat = np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
-    return flat, tuple(int(stride) for stride in tensor.stride())
+    strides = tuple(tensor.stride())
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, strides))
+    return tensor.detach().as_strided((span,), (1,)).numpy(), strides
 
 
 def _kernel_dtype_of(dtype: torch.dtype) -> torch.dtype:
@@ -140,6 +139,8 @@ def _smooth(field, voxels: bool, depth: int, nearest: bool, align_corners: bool)
 def _with_facts(call: Call, field, grad) -> Call:
     """``call`` with the facts about the data that its plan reads (:func:`.planner.facts_needed`), measured."""
     needed = facts_needed(call)
+    if not needed:
+        return call
     facts = {}
     if "smooth" in needed:
         facts["smooth"] = _smooth(field, call.voxels, call.sizes[0], call.interpolation == Interpolation.NEAREST,

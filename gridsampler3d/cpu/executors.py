@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 
 import numpy as np
 
@@ -110,6 +111,34 @@ def row_step(rows: int) -> int:
     return max(1, rows // SAMPLED_ROWS)
 
 
+# A small call: one part on the calling thread, with the scratch of the thread's last small call of the kernel
+
+_kept = threading.local()
+
+
+def _kept_scratch(kernel, arguments, channels: int) -> tuple:
+    """One part's scratch for ``kernel``, kept for the calling thread (grown to the most channels asked for).
+
+    A small call runs one launch at a time on its own thread, so that the arrays are never
+    in use twice at once; allocating them anew (18 arrays) cost more than a small kernel.
+    """
+    kept = _kept.__dict__.setdefault("scratch", {})
+    held = kept.get(kernel.part)
+    if held is None or held[0] < channels:
+        held = kept[kernel.part] = (channels, kernel.scratch(1, *arguments))
+    return held[1]
+
+
+def run_serial(build, arguments, channels: int) -> None:
+    """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags)."""
+    unresolved = _kept.__dict__.setdefault("unresolved", np.zeros(1, np.int64))
+    for exact_remainder in (False, True):
+        kernel = build(exact_remainder)
+        kernel.part(*arguments, unresolved, *_kept_scratch(kernel, arguments, channels), 0)
+        if not unresolved[0]:
+            return
+
+
 # The forward
 
 
@@ -146,7 +175,11 @@ def _forward_bicubic(work: ForwardWork) -> None:
                        int(padding), align_corners, voxels)
 
 
-_FORWARD = {Strategy.ROWS: _forward_rows, Strategy.CHANNEL_GROUPS: _forward_channel_groups,
+def _forward_serial(work: ForwardWork) -> None:
+    run_serial(_forward_kernel(work), (work.x, work.grid, work.y, work.geometry, 1), work.geometry.channels)
+
+
+_FORWARD = {Strategy.SERIAL: _forward_serial, Strategy.ROWS: _forward_rows, Strategy.CHANNEL_GROUPS: _forward_channel_groups,
             Strategy.BICUBIC: _forward_bicubic}
 
 
@@ -305,5 +338,12 @@ _GRID_PASSES = {GridPass.NONE: _nothing, GridPass.ZEROS: _nothing, GridPass.ROWS
                 GridPass.CHANNEL_GROUPS: _grid_by_channel_groups}
 _DX_PASSES = {DxPass.NONE: _nothing, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
               DxPass.CHANNEL_HALVES: _dx_by_channel_halves}
-_BACKWARD = {Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside, Strategy.PASSES: _backward_passes,
+def _backward_serial(work: BackwardWork) -> None:
+    """Every output asked for in one walk over the points, on the calling thread."""
+    outputs = Outputs(work.plan.dx_pass != DxPass.NONE, work.plan.grid_pass == GridPass.ROWS)
+    run_serial(work.kernel, (work.operands, work.geometry, _whole(work), _unranged(work), outputs, _NO_CARRY),
+               work.geometry.channels)
+
+
+_BACKWARD = {Strategy.SERIAL: _backward_serial, Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside, Strategy.PASSES: _backward_passes,
              Strategy.BICUBIC: _backward_bicubic}

@@ -264,6 +264,10 @@ class Parallel:
         parts = operands[self._parts_at]
         return len(parts) if hasattr(parts, "__len__") else int(parts)
 
+    def scratch(self, count: int, *operands) -> tuple:
+        """The arrays ``count`` parts of a call with ``operands`` work in (appended to the operands), or ()."""
+        return self._scratch(count, *operands) if self._scratch is not None else ()
+
     def launch(self, *operands):
         """(part kernel, operands with the scratch appended, part count): a launch for :func:`.pool.run_together`."""
         count = self.part_count(*operands)

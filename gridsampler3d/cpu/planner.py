@@ -36,6 +36,7 @@ class Stage(enum.Enum):
 
 class Strategy(enum.Enum):
     """How a call's work is split into kernel launches."""
+    SERIAL = "serial"  # a small call: one walk over the points on the calling thread, nothing measured or handed off
     ROWS = "rows"  # forward: runs of output rows, taken by whichever thread is free
     CHANNEL_GROUPS = "channel groups"  # forward of a random grid: a cache's worth of channel planes at a time
     FUSED = "fused"  # backward: one walk over the points computes dx and the grid gradient
@@ -139,10 +140,13 @@ class Plan:
             words.append(f"{self.channel_group} channels a group")
         if self.strategy == Strategy.BESIDE:
             words.append(f"dx on {self.dx_parts} of them beside the grid gradient in {self.runs} runs of rows")
+        if self.strategy == Strategy.SERIAL:
+            words.append("one walk on the calling thread")
         if self.strategy == Strategy.PASSES or (self.strategy == Strategy.BICUBIC and self.stage == Stage.BACKWARD):
             words += [_grid_words(self), _dx_words(self)]
-        if self.stage == Stage.BACKWARD and self.strategy != Strategy.BICUBIC and self.grid_pass != GridPass.ZEROS \
-                and (self.strategy != Strategy.PASSES or self.grid_pass != GridPass.NONE):
+        computes_grid = self.strategy in (Strategy.FUSED, Strategy.BESIDE) or self.grid_pass in (
+            GridPass.ROWS, GridPass.CHANNEL_GROUPS)
+        if self.stage == Stage.BACKWARD and self.strategy != Strategy.BICUBIC and computes_grid:
             words.append("PyTorch's grid-gradient terms" if self.exact_grid_gradient else "separable grid gradient")
         if self.rows_joined > 1:
             words.append(f"rows joined by {self.rows_joined}")
@@ -181,6 +185,8 @@ def make_plan(call: Call) -> Plan:
     missing = [fact for fact in sorted(facts_needed(call)) if getattr(call, fact) is None]
     if missing:
         raise ValueError(f"make_plan needs the call's {' and '.join(missing)} (see facts_needed)")
+    if _small(call) and call.interpolation != Interpolation.BICUBIC:
+        return _serial_plan(call)
     if call.interpolation == Interpolation.BICUBIC:
         threads = _threads(call)
         backward = call.stage == Stage.BACKWARD
@@ -194,6 +200,30 @@ def make_plan(call: Call) -> Plan:
         inner = _backward_plan(dataclasses.replace(call, channels_last=True))
         return dataclasses.replace(inner, copies=True)
     return _backward_plan(call)
+
+
+def _small(call: Call) -> bool:
+    """Whether a call is too small to win back a hand-off to another thread (about 0.1 ms)."""
+    return call.points * call.channels < tuning.PARALLEL_VALUES
+
+
+def _serial_plan(call: Call) -> Plan:
+    """A small call's plan: one part on the calling thread walks the points once for every output asked for.
+
+    No fact about the data is read (the choices it would inform pay only when the planes
+    outgrow the caches or several threads share the work), and the executor keeps its
+    scratch between calls.
+    """
+    backward = call.stage == Stage.BACKWARD
+    nearest = call.interpolation == Interpolation.NEAREST
+    want_dgrid = backward and call.want_dgrid and not nearest
+    return Plan(call.stage, Strategy.SERIAL, 1, call.channels_last,
+                grid_pass=GridPass.ZEROS if backward and nearest and call.want_dgrid else (
+                    GridPass.ROWS if want_dgrid else GridPass.NONE),
+                dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
+                dx_parts=int(backward and call.want_dx),
+                rows_joined=_rows_joined(call, 1, False),
+                exact_grid_gradient=want_dgrid and (call.dtype == "float64" or not call.grad_finite))
 
 
 def _threads(call: Call) -> int:
@@ -210,7 +240,7 @@ def channel_group(call: Call) -> int:
 
 def _smooth_matters(call: Call) -> bool:
     """Whether the plan of ``call`` depends on the grid's smoothness verdict."""
-    if call.interpolation == Interpolation.BICUBIC:
+    if call.interpolation == Interpolation.BICUBIC or _small(call):
         return False
     if call.stage == Stage.FORWARD:
         return not call.channels_last and call.channels > channel_group(call)
