@@ -24,3 +24,16 @@ def test_warp_step_case_runs_and_reports_memory():
     assert set(result["step"]["peak_bytes"]) == {"torch", "ours"}
     assert any(line.startswith("warp128 step") for line in lines) and format_step(result) in lines
     assert "| warp128 |" in format_table(report) and math.isnan(report["summary"]["backward"]["geomean_ratio"])
+
+
+def test_explain_prints_each_cases_plans_under_its_times():
+    """``bench --explain``: each case's forward and backward plan, as gridsampler3d.explain gives it."""
+    from gridsampler3d.bench.runner import run_suite
+
+    lines = []
+    report = run_suite("odd,down4cl,warp128", repeats=1, scale=0.2, echo=lines.append, explain=True)
+    for result in report["results"]:
+        plans = result["plan"]
+        assert plans["forward"].startswith("forward ") and plans["backward"].startswith("backward ")
+        assert f"    forward plan: {plans['forward']}" in lines and f"    backward plan: {plans['backward']}" in lines
+    assert [result["case"]["name"] for result in report["results"]] == ["odd", "down4cl", "warp128"]

@@ -1,4 +1,5 @@
-"""The benchmark registry: SPEC.md section 8, one entry per case."""
+"""The benchmark registry: the operator's suite (docs/semantics.md), the shapes users bring, the warp step and
+tricubic sampling; one entry per case."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -12,13 +13,13 @@ __all__ = ["BenchCase", "SUITE", "WARP_SUITE", "BICUBIC_SUITE", "select_cases", 
 
 @dataclass(frozen=True)
 class BenchCase:
-    """One benchmark case; sizes are edges of cubes (CPU sizes; ``scale`` grows them)."""
+    """One benchmark case; a size is the edge of a cube or (D, H, W) (CPU sizes; ``scale`` grows them)."""
 
     name: str
     batch: int
     channels: int
-    in_size: int
-    out_size: int
+    in_size: int | tuple
+    out_size: int | tuple
     # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped) |
     # displacement (a smooth field of a few voxels, for the fused warp: no grid)
     grid_kind: str
@@ -45,6 +46,26 @@ SUITE = (
     BenchCase("bf16", 1, 16, 64, 64, "affine", "bilinear", "zeros", False, "bfloat16", "NCDHW"),
     BenchCase("fp64", 1, 8, 64, 64, "affine", "bilinear", "reflection", False, "float64", "NCDHW"),
     BenchCase("up2x", 1, 4, 64, 128, "identity", "bilinear", "border", True, "float32", "NCDHW"),
+    # The shapes users bring beyond those eight, each class with its reason:
+    # a batch of small crops (augmentation), where PyTorch's backward splits the batch among its threads
+    BenchCase("crops4", 4, 4, 24, 24, "affine", "bilinear", "zeros", False, "float32", "NCDHW"),
+    BenchCase("crops8", 8, 2, 16, 16, "warp", "bilinear", "zeros", False, "float32", "NCDHW"),
+    # a brain MRI's anisotropic size, registered by a smooth warp
+    BenchCase("mri", 1, 1, (160, 192, 224), (160, 192, 224), "warp", "bilinear", "border", False, "float32", "NCDHW"),
+    # small odd sizes (no dimension a multiple of a vector or a block), reflection with align_corners
+    BenchCase("odd", 1, 3, (37, 41, 43), (29, 31, 33), "affine", "bilinear", "reflection", True, "float32",
+              "NCDHW"),
+    # a grid that downsamples by two, few channels, channels-last (a multi-resolution pyramid)
+    BenchCase("down4cl", 1, 4, 96, 48, "affine", "bilinear", "zeros", False, "float32", "NDHWC"),
+    # many channels on a small volume (a feature map deep in a network)
+    BenchCase("ch64", 1, 64, 24, 24, "affine", "bilinear", "border", False, "float32", "NCDHW"),
+    # float16 on an affine grid (mixed-precision training)
+    BenchCase("fp16", 1, 8, 48, 48, "affine", "bilinear", "zeros", False, "float16", "NCDHW"),
+    # a grid reaching three spans out, folded back by reflection
+    BenchCase("farrefl", 1, 4, 48, 48, "wide", "bilinear", "reflection", False, "float32", "NCDHW"),
+    # small calls, where the cost per call above the kernels shows
+    BenchCase("tiny8", 1, 2, 8, 8, "affine", "bilinear", "zeros", False, "float32", "NCDHW"),
+    BenchCase("small16", 1, 2, 16, 16, "affine", "bilinear", "zeros", False, "float32", "NCDHW"),
 )
 # A VoxelMorph-style warp step: Warp3d (fused) against PyTorch's grid plumbing + F.grid_sample.
 WARP_SUITE = (
@@ -71,9 +92,15 @@ def select_cases(names=None) -> list[BenchCase]:
     return [by_name[name] for name in names]
 
 
-def _grid(case: BenchCase, out_size: int) -> torch.Tensor:
+def _scaled(size, scale: float) -> tuple:
+    """(D, H, W) of a case's size (an edge or three) times ``scale``, at least 1 each."""
+    edges = (size,) * 3 if isinstance(size, int) else tuple(size)
+    return tuple(max(1, round(edge * scale)) for edge in edges)
+
+
+def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
-        field = cases.smooth_displacement(case.batch, out_size, magnitude=0.016 * out_size, seed=1,
+        field = cases.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
                                           dtype=torch.float64)
         return field.permute(0, 4, 1, 2, 3).contiguous()
     if case.grid_kind == "warp":
@@ -98,11 +125,10 @@ def build_inputs(case: BenchCase, device="cpu", scale: float = 1.0):
     channels-last strided, which is how PyTorch itself takes channels-last data.
     """
     dtype = getattr(torch, case.dtype)
-    in_size = max(1, round(case.in_size * scale))
-    out_size = max(1, round(case.out_size * scale))
+    in_size, out_size = _scaled(case.in_size, scale), _scaled(case.out_size, scale)
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(case.batch, case.channels, in_size, in_size, in_size, generator=generator)
-    grad = torch.randn(case.batch, case.channels, out_size, out_size, out_size, generator=generator)
+    x = torch.randn(case.batch, case.channels, *in_size, generator=generator)
+    grad = torch.randn(case.batch, case.channels, *out_size, generator=generator)
     grid = _grid(case, out_size)
     x, grad, grid = (t.to(device=device, dtype=dtype) for t in (x, grad, grid))
     if case.layout == "NDHWC":
