@@ -6,6 +6,7 @@ enums (which are ``int`` subclasses carrying the aclnn integer codes) travel.
 from __future__ import annotations
 
 import enum
+import functools
 
 __all__ = ["Interpolation", "Padding", "DataFormat", "DisplacementFormat", "parse_interpolation", "parse_padding",
            "parse_data_format", "parse_displacement_format", "parse_align_corners", "parse_output_mask"]
@@ -41,9 +42,17 @@ class DisplacementFormat(str, enum.Enum):
     NDHW3 = "NDHW3"  # (N, D, H, W, 3)
 
 
+@functools.cache
+def _lower_names(enum_type) -> dict:
+    """{"bilinear": Interpolation.BILINEAR, ...}: each member by its lower-case name."""
+    return {member.name.lower(): member for member in enum_type}
+
+
 def _parse_enum(value, enum_type, what: str):
     if isinstance(value, enum_type):  # first: the engines' own calls pass members
         return value
+    if isinstance(value, str) and value in _lower_names(enum_type):  # the common spelling, at no cost
+        return _lower_names(enum_type)[value]
     names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
     if isinstance(value, bool):
         raise TypeError(f"{what} must be one of {names}; got the bool {value!r}")
