@@ -1,5 +1,7 @@
-"""The benchmark suite of SPEC.md section 8 (registry in ``suite``, timing in ``runner``)."""
-from .runner import format_table, run_suite, write_json, write_plot
+"""The benchmark suite (registry in ``suite``, timing in ``runner``): the operator's cases, the shapes users bring,
+the warp step and tricubic sampling, each timed against PyTorch in the same process."""
+from .runner import format_document, format_table, run_suite, write_json, write_plot
 from .suite import SUITE, BenchCase, select_cases
 
-__all__ = ["SUITE", "BenchCase", "select_cases", "run_suite", "format_table", "write_json", "write_plot"]
+__all__ = ["SUITE", "BenchCase", "select_cases", "run_suite", "format_table", "format_document", "write_json",
+           "write_plot"]
