@@ -53,6 +53,8 @@ def _parse_enum(value, enum_type, what: str):
         return value
     if isinstance(value, str) and value in _lower_names(enum_type):  # the common spelling, at no cost
         return _lower_names(enum_type)[value]
+    if type(value) is int and value in enum_type._value2member_map_:  # an aclnn code (the custom ops pass these)
+        return enum_type(value)
     names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
     if isinstance(value, bool):
         raise TypeError(f"{what} must be one of {names}; got the bool {value!r}")
