@@ -17,16 +17,14 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, prange
 
 from ..layout import memory_format_of
-from ..rounding import round_once as _round_once_reference
 from ..modes import Interpolation, Padding
 from .backward import backward_kernel
-from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
-from . import buffers, pool, transpose, tuning
+from . import bicubic, buffers, pool, transpose, tuning
 from .plan import depth_ranges, looks_coherent, plan_slabs, row_parts
+from .rounding import round_once
 
 __all__ = ["NumbaBackend"]
 
@@ -68,37 +66,6 @@ def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in _KERNEL_DTYPES:
         return tensor
     return buffers.empty(tensor.shape, _kernel_dtype_of(tensor.dtype), memory_format_of(tensor)).copy_(tensor)
-
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def _round_to_odd(values, single, bits):
-    """single[i]: float64 values[i] rounded to float32 toward zero, last bit set where anything was cut off.
-
-    One parallel pass of :func:`gridsampler3d.rounding.round_once`'s arithmetic (``bits`` is
-    ``single`` viewed as int32).
-    """
-    for i in prange(values.size):
-        value = values[i]
-        single[i] = np.float32(value)  # to nearest
-        back = np.float64(single[i])
-        bits[i] = (bits[i] - np.int32(abs(back) > abs(value))) | np.int32(back != value)
-
-
-def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one parallel pass on dense tensors.
-
-    Its torch form makes about ten passes with temporaries: in the bfloat16 case of the
-    suite it cost nearly as much as the kernels.
-    """
-    if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
-        return _round_once_reference(values, dtype)
-    single = torch.empty_like(values, dtype=torch.float32)
-    flat_values, _ = _flat(values)
-    if single.stride() != values.stride() or flat_values.size != values.numel():  # not dense: gaps or overlaps
-        return _round_once_reference(values, dtype)
-    flat_single, _ = _flat(single)
-    _round_to_odd(flat_values, flat_single, flat_single.view(np.int32))
-    return single.to(dtype)
 
 
 def _long_rows(out_sizes, threads: int, grid_like, out_like, voxels: bool, random: bool):
@@ -271,8 +238,9 @@ class NumbaBackend:
         y_flat, y_strides = _flat(y)
         shapes = (batch, channels, tuple(x.shape[2:]), out_sizes)
         if interpolation == Interpolation.BICUBIC:
-            bicubic_fwd_kernel(x_flat, x_strides, grid_flat, grid_strides, y_flat, y_strides, *shapes, int(padding),
-                               align_corners, voxels)
+            runs = _runs(threads, batch * out_sizes[0] * out_sizes[1])
+            bicubic.forward((x_flat, x_strides), (grid_flat, grid_strides), (y_flat, y_strides), shapes,
+                            (int(padding), bool(align_corners), voxels), runs)
         else:
             kernel = functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
                                        channels_last=layout == torch.channels_last_3d)
@@ -328,15 +296,16 @@ class NumbaBackend:
         dx = buffers.empty(x.shape, x.dtype, layout) if want_dx else torch.empty(0, dtype=x.dtype)
         dx_flat, dx_strides = _flat(dx) if want_dx else (dx.numpy(), (0, 0, 0, 0, 0))
         if interpolation == Interpolation.BICUBIC:
-            shapes = (batch, channels, sizes, out_sizes, int(padding), align_corners, voxels)
+            geometry, rule = (batch, channels, sizes, out_sizes), (int(padding), bool(align_corners), voxels)
             if want_dx:
                 # Equal runs of planes: every slab walks every point, so the work splits evenly.
                 bounds = np.linspace(0, batch * sizes[0], threads + 1).round().astype(np.int64)
-                bicubic_dx_kernel(grad_flat, grad_strides, grid_flat, grid_strides, dx_flat, dx_strides, bounds,
-                                  *shapes)
+                bicubic.dx((grad_flat, grad_strides), (grid_flat, grid_strides), (dx_flat, dx_strides), geometry,
+                           rule, np.stack([bounds[:-1], bounds[1:]], axis=1))
             if want_dgrid:
-                bicubic_dgrid_kernel(grad_flat, grad_strides, x_flat, x_strides, grid_flat, grid_strides, dgrid_flat,
-                                     dgrid_strides, *shapes)
+                runs = _runs(threads, batch * out_sizes[0] * out_sizes[1])
+                bicubic.dgrid((grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides),
+                              (dgrid_flat, dgrid_strides), geometry, rule, runs)
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
