@@ -27,7 +27,7 @@ from .layout import memory_format_of
 from .modes import Interpolation, Padding
 
 __all__ = ["BACKENDS", "available_backends", "select_backend", "describe_backends", "auto_choices",
-           "library_versions", "ReferenceBackend"]
+           "cpu_engine", "library_versions", "ReferenceBackend"]
 
 # The device types a backend is asked about when it describes itself.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -190,6 +190,17 @@ def auto_choices() -> dict[str, str | None]:
     None for a type that has no device here (CUDA without a GPU)."""
     present = {"cpu": True, "cuda": torch.cuda.is_available()}
     return {kind: _auto_backend(torch.device(kind))[0].name if present[kind] else None for kind in DEVICE_TYPES}
+
+
+def cpu_engine() -> str | None:
+    """How the CPU engine compiles and runs here: its Numba path (docs/runtime.md) and the threads its parts
+    run on; None where it cannot be imported. Asking chooses the threads, as the first call would."""
+    if isinstance(BACKENDS["numba"], _Missing):
+        return None
+    from .cpu import jit, pool
+
+    threads = {"team": "torch's OpenMP team", "workers": "the engine's worker threads"}[pool.route()]
+    return f"{jit.describe()}; parts on {threads}"
 
 
 def library_versions() -> dict[str, str]:

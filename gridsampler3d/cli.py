@@ -274,6 +274,9 @@ def _backends(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['name']:<{width}}  {'yes' if row['available'] else 'no':<9}  "
               f"{', '.join(row['device_types']) or '-':<12}  {row['reason'] or ''}".rstrip())
+    engine = backends.cpu_engine()
+    if engine is not None:
+        print(f"CPU engine: {engine}")
     print("auto picks: " + ", ".join(f"{kind} tensors -> {name or f'none (no {kind} device here)'}"
                                      for kind, name in backends.auto_choices().items()))
     print("versions: " + ", ".join(f"{package} {version}" for package, version in backends.library_versions().items()))

@@ -19,16 +19,35 @@ from gridsampler3d.cpu.slabs import looks_coherent
 from helpers import make_case
 
 ROOT = Path(__file__).resolve().parents[1]
-ON_A_TEAM = pytest.mark.skipif(pool._team is None, reason="torch's threads are not an OpenMP team here")
 
 
-@pytest.fixture(params=["team", "workers"])
-def path(request, monkeypatch):
+def _has_team() -> bool:
+    try:
+        pool.use("team")
+    except ValueError:
+        return False
+    finally:
+        pool.use(None)
+    return True
+
+
+HAS_TEAM = _has_team()
+ON_A_TEAM = pytest.mark.skipif(not HAS_TEAM, reason="torch's threads are not an OpenMP team here")
+
+
+@pytest.fixture
+def route():
+    """Run the parts on a given route inside a test (``route("team")``, ``route("workers")``), chosen anew after."""
+    yield pool.use
+    pool.use(None)
+
+
+@pytest.fixture(params=pool.ROUTES)
+def path(request, route):
     """Each test on torch's OpenMP team (where there is one) and on the worker threads."""
-    if request.param == "team" and pool._team is None:
+    if request.param == "team" and not HAS_TEAM:
         pytest.skip("torch's threads are not an OpenMP team here")
-    if request.param == "workers":
-        monkeypatch.setattr(pool, "_team", None)
+    route(request.param)
     return request.param
 
 
@@ -134,48 +153,68 @@ def test_parts_run_where_the_path_says(path, threads):
 
 @ON_A_TEAM
 @pytest.mark.parametrize("count", [2, 3])
-@pytest.mark.parametrize("mode, smooth, data_format", [("bilinear", True, "NCDHW"), ("bilinear", False, "NCDHW"),
-                                                       ("nearest", True, "NCDHW"), ("bilinear", True, "NDHWC")])
-def test_team_and_workers_give_the_same_bits(monkeypatch, threads, count, mode, smooth, data_format):
-    """Forward and backward through the engine, its every way of splitting the work, on both kinds of threads."""
-    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), torch.float32, data_format=data_format)
+@pytest.mark.parametrize("mode, smooth, data_format, dtype", [
+    ("bilinear", True, "NCDHW", torch.float32), ("bilinear", False, "NCDHW", torch.float32),
+    ("nearest", True, "NCDHW", torch.float32), ("bilinear", True, "NDHWC", torch.float32),
+    ("bicubic", False, "NCDHW", torch.float64), ("bilinear", True, "NCDHW", torch.bfloat16)],
+    ids=["smooth", "random", "nearest", "channels-last", "bicubic", "bf16"])
+def test_team_and_workers_give_the_same_bits(route, threads, count, mode, smooth, data_format, dtype):
+    """Forward and backward through the engine, its every way of splitting the work, on both routes.
+
+    The tricubic kernels and bfloat16's rounding pass included.
+    """
+    grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:  # the grid gradient's parts beside dx's
-        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=torch.float32)
-    assert looks_coherent(grid, False, 9, False, False, 1) == smooth
+        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
+        assert looks_coherent(grid, False, 9, False, False, 1)
     threads(count)
 
-    def results():
+    def results(wanted):
+        route(wanted)
         y = gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba")
         return (y, *gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format,
                                                backend="numba"))
 
-    on_team = results()
-    monkeypatch.setattr(pool, "_team", None)
-    on_workers = results()
+    on_team = results("team")
+    on_workers = results("workers")
     assert all(torch.equal(a, b) for a, b in zip(on_team, on_workers))
 
 
-def _team_in_a_new_process(env_value):
-    env = dict(os.environ)
-    env.pop("GRIDSAMPLER3D_OPENMP", None)
-    if env_value is not None:
-        env["GRIDSAMPLER3D_OPENMP"] = env_value
+def test_nothing_is_chosen_or_loaded_at_import():
+    """Importing the pool chooses no route: the first launch does."""
+    code = ("import torch; torch.set_num_threads(2); from gridsampler3d.cpu import pool; "
+            "assert pool._chosen is None; pool.run_parts(lambda part: None, (), 2); print(pool._chosen[1].name)")
+    assert _in_a_new_process(code) in pool.ROUTES
+
+
+def _in_a_new_process(code, **variables):
+    env = {name: value for name, value in os.environ.items() if name != "GRIDSAMPLER3D_OPENMP"}
+    env.update(variables)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    output = subprocess.run([sys.executable, "-c", "from gridsampler3d.cpu import pool; print(pool._team is None)"],
-                            env=env, capture_output=True, text=True, timeout=120, check=True).stdout
-    return output.strip() == "False"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout.strip()
 
 
 @ON_A_TEAM
 def test_the_environment_can_keep_the_worker_threads():
-    assert _team_in_a_new_process(None)
-    assert not _team_in_a_new_process("0")
+    code = "import torch; torch.set_num_threads(2); from gridsampler3d.cpu import pool; print(pool.route())"
+    assert _in_a_new_process(code) == "team"
+    assert _in_a_new_process(code, GRIDSAMPLER3D_OPENMP="0") == "workers"
+
+
+def test_a_route_that_is_not_there_is_refused(route):
+    with pytest.raises(ValueError, match="route must be one of"):
+        route("numba")
+    if not HAS_TEAM:
+        with pytest.raises(ValueError, match="not an OpenMP team"):
+            route("team")
 
 
 @ON_A_TEAM
-def test_a_forked_child_keeps_to_the_worker_threads(threads):
+def test_a_forked_child_keeps_to_the_worker_threads(route, threads):
     """GNU libgomp waits forever for the parent's team in a forked child: the child must not call it."""
     threads(2)
+    route("team")
     marks = np.zeros(2, np.int64)
     pool.run_parts(_mark, (marks, -1), 2)  # the parent's team exists now
     read, write = os.pipe()
@@ -184,7 +223,7 @@ def test_a_forked_child_keeps_to_the_worker_threads(threads):
         try:
             marks[:] = 0
             pool.run_parts(_mark, (marks, -1), 2)
-            os.write(write, f"{pool._team is None} {marks.tolist()}".encode())
+            os.write(write, f"{pool.route()} {marks.tolist()}".encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -194,5 +233,5 @@ def test_a_forked_child_keeps_to_the_worker_threads(threads):
     with os.fdopen(read) as report:
         said = report.read() if ready else "no answer from the child (hung?)"
     os.waitpid(child, 0)
-    assert said == "True [1, 2]", said
-    assert pool._team is not None
+    assert said == "workers [1, 2]", said
+    assert pool.route() == "team"

@@ -1,4 +1,4 @@
-"""The CPU engine in forked and spawned processes and under concurrent Python threads.
+"""The CPU engine in forked and spawned processes and under concurrent Python threads, on its own threads.
 
 Each check runs tests/process_checks.py in its own process under a timeout: a crash, a
 hang or a differing bit fails the test without taking the suite down.
@@ -17,12 +17,8 @@ CHECKS = ["fork", "spawn", "threads", "thread-count"]
 TIMEOUT_S = 300
 
 
-def _run_check(*args, layer=None):
+def _run_check(*args):
     env = dict(os.environ)
-    env.pop("NUMBA_THREADING_LAYER", None)
-    env.pop("NUMBA_THREADING_LAYER_PRIORITY", None)
-    if layer is not None:
-        env["NUMBA_THREADING_LAYER"] = layer
     # The package under test is this checkout's, also where another copy is installed.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(ROOT / "tests" / "process_checks.py"), *args]
@@ -44,14 +40,3 @@ def _run_check(*args, layer=None):
 def test_engine_across_processes_and_threads(check):
     """Fork (DataLoader workers), spawn, 4 concurrent threads, changing thread counts: all bit for bit."""
     _run_check(check)
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_fallback_without_tbb(check):
-    """Where TBB cannot load, the engine falls back to a fork-safe layer and serialises launches."""
-    assert "workqueue layer" in _run_check(check, "--without-tbb")
-
-
-def test_a_layer_chosen_by_the_user_is_kept():
-    """NUMBA_THREADING_LAYER wins; OpenMP's start must still leave torch's thread count alone."""
-    assert "omp layer" in _run_check("thread-count", layer="omp")

@@ -11,206 +11,263 @@ With ``voxels`` (the fused warp) the "grid" is a displacement in voxels with str
 given as (n, d, h, w, -component), as for the trilinear kernels (:mod:`.forward`), and
 the point's index is its identity position plus the displacement, slope 1.
 
-Forward and dgrid are parallel over output rows. dx is owner-computes: the (n, z) planes
-are split into one slab per thread, and each thread walks every point in order, adding
-only the taps that land in its slab, so each voxel sums in point order, deterministic
-and independent of the thread count.
+Each kernel is a part kernel run by :class:`.jit.Parallel`, with these operands: each
+tensor as an (array, strides) pair (:func:`.engine._flat`), ``geometry`` = (N, C, (D,
+H, W), (Do, Ho, Wo)) and ``rule`` = (padding, align_corners, voxels). :data:`forward`
+and :data:`dgrid` take ``parts`` equal runs of output rows. :data:`dx` is
+owner-computes: ``parts`` holds one (first, last) run of (n, z) planes per part, and each
+part walks every point in order, adding only the taps that land in its planes, so each
+voxel sums in point order, deterministic and independent of the number of parts.
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
 
 from .backward import zero_planes
-from .records import Operand
 from .coords import cubic_slope, cubic_weight, pad_tap, unnormalize
+from .jit import Parallel, borrowed, helper, part_kernel, part_rows
+from .records import Operand
 
-inline = njit(cache=True, error_model="numpy", inline="always")
+__all__ = ["dgrid", "dx", "forward"]
 
 
-@inline
-def _cell(grid, offset, step, sizes, align_corners, voxels, w, h, d):
-    """(index, floor) per axis (x, y, z) and the three multipliers of the grid point at ``offset``,
-    output point (d, h, w)."""
-    ix, mx = unnormalize(float(grid[offset]), sizes[2], align_corners, voxels, float(w))
-    iy, my = unnormalize(float(grid[offset + step]), sizes[1], align_corners, voxels, float(h))
-    iz, mz = unnormalize(float(grid[offset + 2 * step]), sizes[0], align_corners, voxels, float(d))
+def _scratch(parts: int, *operands):
+    """(taps, offsets, weights, slopes) for every part (see :func:`.jit.part_kernel`), one row per part.
+
+    taps, weights and slopes: 4 per axis, x, y, z (``4 * axis + step``); offsets: 64, one per tap.
+    """
+    return (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12),
+            part_rows(parts, 12)),
+
+
+@helper
+def _part_scratch(scratch, part):
+    """Part ``part``'s rows of :func:`_scratch`'s arrays."""
+    taps, offsets, weights, slopes = scratch
+    return borrowed(taps)[part], borrowed(offsets)[part], borrowed(weights)[part], borrowed(slopes)[part]
+
+
+@helper
+def _first_point(grid_strides, n, d, h, w, voxels):
+    """Where the grid (or, with ``voxels``, the displacement) holds the x component of output point (n, d, h, w)."""
+    point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
+    return point - 2 * grid_strides[4] if voxels else point
+
+
+@helper
+def _axis_taps(index, size, padding, align_corners, taps, weights, slopes, axis):
+    """Fill the 4 padded int tap coordinates, weights and slopes of ``axis`` (0 x, 1 y, 2 z) at ``index``."""
     # np.floor keeps a float: NaN and inf stay representable (math.floor would need an int)
-    return ix, iy, iz, np.floor(ix), np.floor(iy), np.floor(iz), mx, my, mz
-
-
-@inline
-def _axis_taps(index, low, size, padding, align_corners, taps, weights, slopes):
-    """Fill taps[0..3] (padded int coordinates), weights[0..3] and slopes[0..3] along one axis."""
+    low = np.floor(index)
     t = index - low
     for step in range(4):
-        taps[step] = pad_tap(low - 1.0 + step, size, padding, align_corners)
-        weights[step] = cubic_weight(step, t)
-        slopes[step] = cubic_slope(step, t)
+        taps[4 * axis + step] = pad_tap(low - 1.0 + step, size, padding, align_corners)
+        weights[4 * axis + step] = cubic_weight(step, t)
+        slopes[4 * axis + step] = cubic_slope(step, t)
 
 
-@inline
-def _point_taps(grid, point, step, sizes, padding, align_corners, voxels, w, h, d, taps, weights, slopes):
-    """Fill the (3, 4) per-axis taps, weights and slopes of the grid point at ``point``; return (mx, my, mz)."""
-    ix, iy, iz, x0, y0, z0, mx, my, mz = _cell(grid, point, step, sizes, align_corners, voxels, w, h, d)
-    _axis_taps(ix, x0, sizes[2], padding, align_corners, taps[0], weights[0], slopes[0])
-    _axis_taps(iy, y0, sizes[1], padding, align_corners, taps[1], weights[1], slopes[1])
-    _axis_taps(iz, z0, sizes[0], padding, align_corners, taps[2], weights[2], slopes[2])
+@helper
+def _point_taps(grid, point, step, sizes, rule, position, taps, weights, slopes):
+    """Fill the taps, weights and slopes of the grid point at ``point``, output point ``position`` (w, h, d);
+    return its multipliers (mx, my, mz)."""
+    padding, align_corners, voxels = rule
+    w, h, d = position
+    ix, mx = unnormalize(float(grid[point]), sizes[2], align_corners, voxels, float(w))
+    iy, my = unnormalize(float(grid[point + step]), sizes[1], align_corners, voxels, float(h))
+    iz, mz = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, voxels, float(d))
+    _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
+    _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
+    _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
     return mx, my, mz
 
 
-@inline
+@helper
 def _tap_offsets(taps, sizes, spatial, offsets):
     """offsets[16k + 4j + i]: spatial offset of tap (i, j, k), or -1 when it lies outside the volume."""
     depth, height, width = sizes
     for k in range(4):
         for j in range(4):
             for i in range(4):
-                cx, cy, cz = taps[0, i], taps[1, j], taps[2, k]
+                cx, cy, cz = taps[i], taps[4 + j], taps[8 + k]
                 inside = 0 <= cx < width and 0 <= cy < height and 0 <= cz < depth
                 offsets[16 * k + 4 * j + i] = cz * spatial[0] + cy * spatial[1] + cx * spatial[2] if inside else -1
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def bicubic_fwd_kernel(x, x_strides, grid, grid_strides, y, y_strides, batch, channels, sizes, out_sizes, padding,
-                       align_corners, voxels):
-    """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); every element written."""
+@helper
+def _tap_sum(x, base, offsets, weights):
+    """The weighted sum of the 64 taps of the channel plane at ``base``: along x, then y, then z."""
+    total = 0.0
+    for k in range(4):
+        plane = 0.0
+        for j in range(4):
+            row = 0.0
+            for i in range(4):
+                t = 16 * k + 4 * j + i
+                row += (x[base + offsets[t]] if offsets[t] >= 0 else 0.0) * weights[i]
+            plane += row * weights[4 + j]
+        total += plane * weights[8 + k]
+    return total
+
+
+@part_kernel
+def _forward(x_operand, grid_operand, y_operand, geometry, rule, parts, scratch, part):
+    """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3): run ``part`` of ``parts`` runs of
+    output rows, every element written."""
+    x, x_strides = borrowed(x_operand[0]), x_operand[1]
+    grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
+    y, y_strides = borrowed(y_operand[0]), y_operand[1]
+    batch, channels, sizes, out_sizes = geometry
+    taps, offsets, weights, slopes = _part_scratch(scratch, part)
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
-    shift = -2 * grid_strides[4] if voxels else 0
-    for row in prange(batch * out_depth * out_height):
+    rows = batch * out_depth * out_height
+    for row in range(part * rows // parts, (part + 1) * rows // parts):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
-        taps = np.empty((3, 4), np.int64)
-        weights = np.empty((3, 4))
-        slopes = np.empty((3, 4))
-        offsets = np.empty(64, np.int64)
         for w in range(out_width):
-            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3] + shift
-            _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, voxels, w, h, d, taps, weights,
-                        slopes)
+            point = _first_point(grid_strides, n, d, h, w, rule[2])
+            _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
-                base = n * x_strides[0] + c * x_strides[1]
-                total = 0.0
-                for k in range(4):
-                    plane = 0.0
-                    for j in range(4):
-                        row = 0.0
-                        for i in range(4):
-                            t = 16 * k + 4 * j + i
-                            row += (x[base + offsets[t]] if offsets[t] >= 0 else 0.0) * weights[0, i]
-                        plane += row * weights[1, j]
-                    total += plane * weights[2, k]
-                y[out + c * y_strides[1]] = total
+                y[out + c * y_strides[1]] = _tap_sum(x, n * x_strides[0] + c * x_strides[1], offsets, weights)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def bicubic_dgrid_kernel(grad, grad_strides, x, x_strides, grid, grid_strides, dgrid, dgrid_strides, batch, channels,
-                         sizes, out_sizes, padding, align_corners, voxels):
-    """dgrid (N, Do, Ho, Wo, 3) with strides ``dgrid_strides``: per point and channel, separable sums with one
-    axis's weights replaced by its slopes, times grad, accumulated over channels in order."""
+@helper
+def _gradient_sums(grad, out, grad_step, x, base, x_step, channels, offsets, weights, slopes):
+    """(gx, gy, gz): per channel, the separable sums with one axis's weights replaced by its slopes, times grad at
+    ``out``, accumulated over channels in order (channel planes at ``base``, ``x_step`` apart)."""
+    gx = gy = gz = 0.0
+    for c in range(channels):
+        g = float(grad[out + c * grad_step])
+        plane_base = base + c * x_step
+        # Separable: along x (weights and slopes), then y, then z, as the reference.
+        total_x = total_y = total_z = 0.0
+        for k in range(4):
+            plane_w = plane_sx = plane_sy = 0.0
+            for j in range(4):
+                row_w = row_s = 0.0
+                for i in range(4):
+                    t = 16 * k + 4 * j + i
+                    value = x[plane_base + offsets[t]] if offsets[t] >= 0 else 0.0
+                    row_w += value * weights[i]
+                    row_s += value * slopes[i]
+                plane_w += row_w * weights[4 + j]
+                plane_sx += row_s * weights[4 + j]
+                plane_sy += row_w * slopes[4 + j]
+            total_x += plane_sx * weights[8 + k]
+            total_y += plane_sy * weights[8 + k]
+            total_z += plane_w * slopes[8 + k]
+        gx += total_x * g
+        gy += total_y * g
+        gz += total_z * g
+    return gx, gy, gz
+
+
+@part_kernel
+def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule, parts, scratch, part):
+    """dgrid (N, Do, Ho, Wo, 3) (strides in grid order, as the grid's) of run ``part`` of ``parts`` runs of
+    output rows: the multipliers times :func:`_gradient_sums`."""
+    grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
+    x, x_strides = borrowed(x_operand[0]), x_operand[1]
+    grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
+    dgrid, dgrid_strides = borrowed(dgrid_operand[0]), dgrid_operand[1]
+    batch, channels, sizes, out_sizes = geometry
+    taps, offsets, weights, slopes = _part_scratch(scratch, part)
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
-    shift = -2 * grid_strides[4] if voxels else 0
-    dgrid_shift = -2 * dgrid_strides[4] if voxels else 0
-    for row in prange(batch * out_depth * out_height):
+    rows = batch * out_depth * out_height
+    for row in range(part * rows // parts, (part + 1) * rows // parts):
         n = row // (out_depth * out_height)
         d = (row // out_height) % out_depth
         h = row % out_height
-        taps = np.empty((3, 4), np.int64)
-        weights = np.empty((3, 4))
-        slopes = np.empty((3, 4))
-        offsets = np.empty(64, np.int64)
         for w in range(out_width):
-            point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3] + shift
-            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, padding, align_corners, voxels, w, h, d, taps,
-                                     weights, slopes)
-            out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+            point = _first_point(grid_strides, n, d, h, w, rule[2])
+            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
-            gx = gy = gz = 0.0
-            for c in range(channels):
-                g = float(grad[out + c * grad_strides[1]])
-                base = n * x_strides[0] + c * x_strides[1]
-                # Separable: along x (weights and slopes), then y, then z, as the reference.
-                total_x = total_y = total_z = 0.0
-                for k in range(4):
-                    plane_w = plane_sx = plane_sy = 0.0
-                    for j in range(4):
-                        row_w = row_s = 0.0
-                        for i in range(4):
-                            t = 16 * k + 4 * j + i
-                            value = x[base + offsets[t]] if offsets[t] >= 0 else 0.0
-                            row_w += value * weights[0, i]
-                            row_s += value * slopes[0, i]
-                        plane_w += row_w * weights[1, j]
-                        plane_sx += row_s * weights[1, j]
-                        plane_sy += row_w * slopes[1, j]
-                    total_x += plane_sx * weights[2, k]
-                    total_y += plane_sy * weights[2, k]
-                    total_z += plane_w * slopes[2, k]
-                gx += total_x * g
-                gy += total_y * g
-                gz += total_z * g
-            p = n * dgrid_strides[0] + d * dgrid_strides[1] + h * dgrid_strides[2] + w * dgrid_strides[3] + dgrid_shift
-            dgrid[p] = mx * gx
-            dgrid[p + dgrid_strides[4]] = my * gy
-            dgrid[p + 2 * dgrid_strides[4]] = mz * gz
+            out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+            gx, gy, gz = _gradient_sums(grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels,
+                                        offsets, weights, slopes)
+            target = _first_point(dgrid_strides, n, d, h, w, rule[2])
+            dgrid[target] = mx * gx
+            dgrid[target + dgrid_strides[4]] = my * gy
+            dgrid[target + 2 * dgrid_strides[4]] = mz * gz
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def bicubic_dx_kernel(grad, grad_strides, grid, grid_strides, dx, dx_strides, bounds, batch, channels, sizes,
-                      out_sizes, padding, align_corners, voxels):
-    """dx (N, C, D, H, W), every element written; slab s owns planes bounds[s] .. bounds[s + 1] (plane = n * D + z)."""
+@helper
+def _reaches(grid, point, step, sizes, rule, position, slab, taps, weights, slopes):
+    """Whether a z tap of the grid point at ``point`` lies in the planes ``slab`` = (z_lo, z_hi); if so, every
+    axis's taps, weights and slopes are filled (see :func:`_point_taps`)."""
+    padding, align_corners, voxels = rule
+    w, h, d = position
+    iz, _ = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, voxels, float(d))
+    _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
+    mine = False
+    for k in range(4):
+        mine = mine or slab[0] <= taps[8 + k] < slab[1]
+    if mine:
+        ix, _ = unnormalize(float(grid[point]), sizes[2], align_corners, voxels, float(w))
+        iy, _ = unnormalize(float(grid[point + step]), sizes[1], align_corners, voxels, float(h))
+        _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
+        _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
+    return mine
+
+
+@helper
+def _scatter(grad, out, grad_step, dx, first, dx_strides, channels, sizes, slab, taps, weights):
+    """Add one point's grad at ``out`` into the taps of dx (its batch's planes at ``first``) within ``slab``."""
     depth, height, width = sizes
-    out_depth, out_height, out_width = out_sizes
-    shift = -2 * grid_strides[4] if voxels else 0
-    for slab in prange(bounds.size - 1):
-        first, last = bounds[slab], bounds[slab + 1]
-        zero_planes(Operand(dx, dx_strides), first, last, channels, sizes)
-        taps = np.empty((3, 4), np.int64)
-        weights = np.empty((3, 4))
-        slopes = np.empty((3, 4))
-        for n in range(first // depth, (last + depth - 1) // depth):
-            z_lo = max(first - n * depth, 0)
-            z_hi = min(last - n * depth, depth)
-            if z_lo >= z_hi:
+    for k in range(4):
+        cz = taps[8 + k]
+        if cz < slab[0] or cz >= slab[1]:
+            continue
+        for j in range(4):
+            cy = taps[4 + j]
+            if cy < 0 or cy >= height:
                 continue
-            for d in range(out_depth):
-                for h in range(out_height):
-                    for w in range(out_width):
-                        point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] \
-                            + w * grid_strides[3] + shift
-                        iz, _ = unnormalize(float(grid[point + 2 * grid_strides[4]]), depth, align_corners, voxels,
-                                            float(d))
-                        z0 = np.floor(iz)
-                        _axis_taps(iz, z0, depth, padding, align_corners, taps[2], weights[2], slopes[2])
-                        mine = False
-                        for k in range(4):
-                            mine = mine or z_lo <= taps[2, k] < z_hi
-                        if not mine:
-                            continue
-                        ix, iy, _, x0, y0, _, _, _, _ = _cell(grid, point, grid_strides[4], sizes, align_corners,
-                                                              voxels, w, h, d)
-                        _axis_taps(ix, x0, width, padding, align_corners, taps[0], weights[0], slopes[0])
-                        _axis_taps(iy, y0, height, padding, align_corners, taps[1], weights[1], slopes[1])
-                        out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-                        for k in range(4):
-                            cz = taps[2, k]
-                            if cz < z_lo or cz >= z_hi:
-                                continue
-                            for j in range(4):
-                                cy = taps[1, j]
-                                if cy < 0 or cy >= height:
-                                    continue
-                                for i in range(4):
-                                    cx = taps[0, i]
-                                    if cx < 0 or cx >= width:
-                                        continue
-                                    weight = weights[0, i] * weights[1, j] * weights[2, k]
-                                    offset = n * dx_strides[0] + cz * dx_strides[2] + cy * dx_strides[3] \
-                                        + cx * dx_strides[4]
-                                    for c in range(channels):
-                                        dx[offset + c * dx_strides[1]] += weight * grad[out + c * grad_strides[1]]
+            for i in range(4):
+                cx = taps[i]
+                if cx < 0 or cx >= width:
+                    continue
+                weight = weights[i] * weights[4 + j] * weights[8 + k]
+                offset = first + cz * dx_strides[2] + cy * dx_strides[3] + cx * dx_strides[4]
+                for c in range(channels):
+                    dx[offset + c * dx_strides[1]] += weight * grad[out + c * grad_step]
+
+
+@part_kernel
+def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, part):
+    """dx (N, C, D, H, W) of planes parts[part, 0] .. parts[part, 1] - 1 (plane = n * D + z), every element written."""
+    grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
+    grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
+    dx, dx_strides = borrowed(dx_operand[0]), dx_operand[1]
+    batch, channels, sizes, out_sizes = geometry
+    taps, _, weights, slopes = _part_scratch(scratch, part)
+    slabs = borrowed(parts)
+    first, last = slabs[part, 0], slabs[part, 1]
+    zero_planes(Operand(dx, dx_strides), first, last, channels, sizes)
+    depth = sizes[0]
+    out_depth, out_height, out_width = out_sizes
+    for n in range(first // depth, (last + depth - 1) // depth):
+        slab = (max(first - n * depth, 0), min(last - n * depth, depth))
+        if slab[0] >= slab[1]:
+            continue
+        for d in range(out_depth):
+            for h in range(out_height):
+                for w in range(out_width):
+                    point = _first_point(grid_strides, n, d, h, w, rule[2])
+                    if not _reaches(grid, point, grid_strides[4], sizes, rule, (w, h, d), slab, taps, weights,
+                                    slopes):
+                        continue
+                    out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
+                    _scatter(grad, out, grad_strides[1], dx, n * dx_strides[0], dx_strides, channels, sizes, slab,
+                             taps, weights)
+
+
+#: ``forward(x, grid, y, geometry, rule, parts)``: see :func:`_forward`.
+forward = Parallel(_forward, _scratch)
+#: ``dgrid(grad, x, grid, dgrid, geometry, rule, parts)``: see :func:`_dgrid`.
+dgrid = Parallel(_dgrid, _scratch)
+#: ``dx(grad, grid, dx, geometry, rule, parts)``, ``parts`` an int64 (count, 2) array of plane runs: see :func:`_dx`.
+dx = Parallel(_dx, _scratch)

@@ -17,16 +17,15 @@ import dataclasses
 
 import numpy as np
 import torch
-from numba import njit, prange
 
 from ..layout import memory_format_of
-from ..rounding import round_once as _round_once_reference
 from ..modes import Interpolation, Padding
 from . import buffers, pool, transpose
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
 from .planner import Call, Plan, Stage, facts_needed, make_plan
 from .records import Geometry, Operand
+from .rounding import round_once
 from .slabs import looks_coherent
 
 __all__ = ["NumbaBackend"]
@@ -51,37 +50,6 @@ def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in _KERNEL_DTYPES:
         return tensor
     return buffers.empty(tensor.shape, _kernel_dtype_of(tensor.dtype), memory_format_of(tensor)).copy_(tensor)
-
-
-@njit(parallel=True, cache=True, error_model="numpy")
-def _round_to_odd(values, single, bits):
-    """single[i]: float64 values[i] rounded to float32 toward zero, last bit set where anything was cut off.
-
-    One parallel pass of :func:`gridsampler3d.rounding.round_once`'s arithmetic (``bits`` is
-    ``single`` viewed as int32).
-    """
-    for i in prange(values.size):
-        value = values[i]
-        single[i] = np.float32(value)  # to nearest
-        back = np.float64(single[i])
-        bits[i] = (bits[i] - np.int32(abs(back) > abs(value))) | np.int32(back != value)
-
-
-def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one parallel pass on dense tensors.
-
-    Its torch form makes about ten passes with temporaries: in the bfloat16 case of the
-    suite it cost nearly as much as the kernels.
-    """
-    if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
-        return _round_once_reference(values, dtype)
-    single = torch.empty_like(values, dtype=torch.float32)
-    flat_values, _ = _flat(values)
-    if single.stride() != values.stride() or flat_values.size != values.numel():  # not dense: gaps or overlaps
-        return _round_once_reference(values, dtype)
-    flat_single, _ = _flat(single)
-    _round_to_odd(flat_values, flat_single, flat_single.view(np.int32))
-    return single.to(dtype)
 
 
 def _operand(tensor: torch.Tensor) -> Operand:

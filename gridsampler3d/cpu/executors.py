@@ -13,9 +13,8 @@ import threading
 import numpy as np
 
 from ..modes import Interpolation
-from . import pool
+from . import bicubic, pool
 from .backward import BackwardOperands, backward_kernel
-from .bicubic import bicubic_dgrid_kernel, bicubic_dx_kernel, bicubic_fwd_kernel
 from .forward import forward_kernel
 from .planner import DxPass, GridPass, Plan, Strategy
 from .records import Carry, CarryMode, Geometry, Operand, Outputs, RowRanges
@@ -169,18 +168,16 @@ def _forward_channel_groups(work: ForwardWork) -> None:
 
 def _forward_bicubic(work: ForwardWork) -> None:
     _, padding, align_corners, voxels = work.modes
-    geometry = work.geometry
-    bicubic_fwd_kernel(work.x.array, work.x.strides, work.grid.array, work.grid.strides, work.y.array,
-                       work.y.strides, geometry.batch, geometry.channels, geometry.sizes, geometry.out_sizes,
-                       int(padding), align_corners, voxels)
+    bicubic.forward(work.x, work.grid, work.y, work.geometry, (int(padding), bool(align_corners), voxels),
+                    work.plan.runs)
 
 
 def _forward_serial(work: ForwardWork) -> None:
     run_serial(_forward_kernel(work), (work.x, work.grid, work.y, work.geometry, 1), work.geometry.channels)
 
 
-_FORWARD = {Strategy.SERIAL: _forward_serial, Strategy.ROWS: _forward_rows, Strategy.CHANNEL_GROUPS: _forward_channel_groups,
-            Strategy.BICUBIC: _forward_bicubic}
+_FORWARD = {Strategy.SERIAL: _forward_serial, Strategy.ROWS: _forward_rows,
+            Strategy.CHANNEL_GROUPS: _forward_channel_groups, Strategy.BICUBIC: _forward_bicubic}
 
 
 # The backward
@@ -321,17 +318,13 @@ def _dx_by_channel_halves(work: BackwardWork) -> None:
 
 def _backward_bicubic(work: BackwardWork) -> None:
     _, padding, align_corners, voxels = work.modes
-    ops, geometry = work.operands, work.geometry
-    shapes = (geometry.batch, geometry.channels, geometry.sizes, geometry.out_sizes, int(padding), align_corners,
-              voxels)
+    ops, rule = work.operands, (int(padding), bool(align_corners), voxels)
     if work.plan.dx_pass != DxPass.NONE:
         # Equal runs of planes: every slab walks every point, so the work splits evenly.
-        bounds = np.linspace(0, work.planes, work.plan.threads + 1).round().astype(np.int64)
-        bicubic_dx_kernel(ops.grad.array, ops.grad.strides, ops.grid.array, ops.grid.strides, ops.dx.array,
-                          ops.dx.strides, bounds, *shapes)
+        bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
+        bicubic.dx(ops.grad, ops.grid, ops.dx, work.geometry, rule, np.stack([bounds[:-1], bounds[1:]], axis=1))
     if work.plan.grid_pass != GridPass.NONE:
-        bicubic_dgrid_kernel(ops.grad.array, ops.grad.strides, ops.x.array, ops.x.strides, ops.grid.array,
-                             ops.grid.strides, ops.dgrid.array, ops.dgrid.strides, *shapes)
+        bicubic.dgrid(ops.grad, ops.x, ops.grid, ops.dgrid, work.geometry, rule, work.plan.runs)
 
 
 _GRID_PASSES = {GridPass.NONE: _nothing, GridPass.ZEROS: _nothing, GridPass.ROWS: _grid_by_rows,
@@ -345,5 +338,5 @@ def _backward_serial(work: BackwardWork) -> None:
                work.geometry.channels)
 
 
-_BACKWARD = {Strategy.SERIAL: _backward_serial, Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside, Strategy.PASSES: _backward_passes,
-             Strategy.BICUBIC: _backward_bicubic}
+_BACKWARD = {Strategy.SERIAL: _backward_serial, Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside,
+             Strategy.PASSES: _backward_passes, Strategy.BICUBIC: _backward_bicubic}

@@ -1,4 +1,4 @@
-"""How the CPU engine declares its Numba helpers: inlined by LLVM, compiled once per argument type.
+"""How the CPU engine declares its Numba kernels and helpers, on one of two paths.
 
 A kernel is built per mode (:func:`.forward.forward_kernel`), and passes its modes to the
 helpers as constants. Numba would type each constant as a literal and compile a helper,
@@ -7,10 +7,11 @@ dozen times across the modes of one process. Helpers declared here see plain typ
 (``int64``, ``bool``) instead, so each compiles once per dtype; LLVM then inlines it into
 the kernel, where the constants fold and each kernel keeps only its own mode's code.
 
-Kernels are declared here too (:func:`part_kernel`): each computes one part of a pass (a
+Every kernel is declared here (:func:`part_kernel`): each computes one part of a pass (a
 thread's rows or slab) as a plain serial function, and :class:`Parallel` runs the parts
-on the engine's threads (:func:`.pool.run_parts`). A ``prange`` loop around the kernel
-body made Numba type that body twice (once for the kernel, once for the outlined parallel
+on the engine's threads (:func:`.pool.run_parts`); no kernel uses ``prange``, so the
+engine never starts a Numba threading layer. A ``prange`` loop around the kernel body
+made Numba type that body twice (once for the kernel, once for the outlined parallel
 body) and analyse it for parallelism, which cost about half of each kernel's compile
 time; a small ``prange`` launcher calling the serial kernel still cost about 0.5 s of
 compile per kernel family.
@@ -19,145 +20,89 @@ Both compile for the CPU the way :func:`.tuning.hardware_gathers_pay` decides: w
 hardware gathers for the taps' indexed loads, or, where gathers are slow (AMD Zen),
 with each lane's load a scalar load while the arithmetic stays vectorised. The choice
 changes machine code only, never a result.
+
+The two paths (docs/runtime.md):
+
+- hooked, the default: :mod:`.numba_hooks`, the one module that uses Numba's non-public
+  API, gives the plain-type helpers, ``noalias``, the choice of gathers, and a disk cache
+  keyed on the engine's sources (every ``*.py`` of this folder);
+- plain: ``numba.njit`` with documented options only, where :mod:`.numba_hooks` cannot be
+  imported with the installed Numba (one warning naming its version), or on request
+  (``GRIDSAMPLER3D_PLAIN_NUMBA=1``). The same results, bit for bit; slower kernels and
+  compiles, and no disk cache: Numba's own cache is keyed on a kernel's file alone, so a
+  kernel cached before a helper's file changed would load with the old helper in it.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import inspect
+import os
 import pathlib
+import warnings
 
 import llvmlite.binding
+import numba
 import numpy as np
-from numba import config, types
-from numba.core import cgutils, lowering
-from numba.core.caching import FunctionCache
-from numba.core.compiler import CompilerBase, DefaultPassBuilder
-from numba.core.compiler_machinery import register_pass
-from numba.core.dispatcher import _FunctionCompiler
-from numba.core.registry import CPUDispatcher, cpu_target
-from numba.core.typed_passes import NativeLowering
-from numba.extending import intrinsic
 
 from . import pool
 from .tuning import hardware_gathers_pay
 
-__all__ = ["Parallel", "borrowed", "gathers_in_use", "helper", "outlined_helper", "part_kernel", "part_rows",
-           "zero_elements"]
+__all__ = ["TESTED_NUMBA", "Parallel", "borrowed", "describe", "gathers_in_use", "helper", "outlined_helper",
+           "part_kernel", "part_rows", "plain", "zero_elements"]
+
+#: The oldest and newest Numba releases the hooks were tested with (``pyproject.toml`` requires this range).
+TESTED_NUMBA = ("0.62.1", "0.68.1")
 
 _OPTIONS = {"nopython": True, "error_model": "numpy", "nogil": True, "boundscheck": None}
+# Numba's documented decorator options, for the plain path (njit implies nopython).
+_PLAIN_OPTIONS = {"error_model": "numpy", "nogil": True}
 
 
-class _PlainTypeDispatcher(CPUDispatcher):
-    """A dispatcher that types every call's arguments without their literal values."""
-
-    def get_call_template(self, args, kws):
-        args = tuple(types.unliteral(arg) for arg in args)
-        kws = {name: types.unliteral(arg) for name, arg in kws.items()}
-        return super().get_call_template(args, kws)
-
-
-def _declare(func, cache: bool = True, **options):
-    # Helpers are called from kernels only: no wrappers to call them from Python or C.
-    options = {**_OPTIONS, "no_cpython_wrapper": True, "no_cfunc_wrapper": True, **options}
-    dispatcher = _PlainTypeDispatcher(py_func=func, locals={}, targetoptions=options)
-    _compile_without_aliases(dispatcher)
-    if cache:
-        _enable_caching(dispatcher)
-    return dispatcher
+def _load_hooks():
+    """(:mod:`.numba_hooks`, None), or (None, why the plain path is taken)."""
+    requested = os.environ.get("GRIDSAMPLER3D_PLAIN_NUMBA", "")
+    if requested not in ("", "0"):
+        return None, f"GRIDSAMPLER3D_PLAIN_NUMBA={requested}"
+    try:
+        from . import numba_hooks
+    except (ImportError, AttributeError) as error:
+        warnings.warn(f"gridsampler3d: Numba {numba.__version__} lacks a hook of the CPU engine ({error}); its "
+                      f"kernels compile with Numba's public API instead: the same results, slower, and compiled "
+                      f"anew in every process. Tested with Numba {TESTED_NUMBA[0]} to {TESTED_NUMBA[1]}.",
+                      RuntimeWarning, stacklevel=3)
+        return None, f"Numba {numba.__version__} lacks a hook: {error}"
+    return numba_hooks, None
 
 
-def helper(func):
-    """A helper LLVM inlines into each kernel that calls it (``forceinline``).
-
-    Helpers compile with ``noalias`` too: Numba optimises, and vectorises, each helper in
-    its own module before LLVM inlines it, so a helper's loops need their own guarantee
-    that the arrays they store into overlap no other argument (see :func:`part_kernel`).
-    A caller therefore never passes overlapping arrays to a helper that writes one of
-    them (the same array may go to several arguments that the call leaves untouched).
-    """
-    return _declare(func, forceinline=True)
+_hooks, _plain_reason = _load_hooks()
 
 
-def outlined_helper(func, cache: bool = True):
-    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it (``noalias`` too).
-
-    ``cache=False`` compiles without the disk cache (whose code cannot be inspected).
-    """
-    return _declare(func, cache)
+def plain() -> bool:
+    """Whether the engine declares its kernels with ``numba.njit`` alone (the plain path)."""
+    return _hooks is None
 
 
-class _NoAliasCompiler(_FunctionCompiler):
-    """Compiles with Numba's ``noalias`` flag: array arguments are declared not to overlap.
-
-    It is what Numba gives the outlined body of a ``prange`` loop whose alias analysis finds
-    no alias, and what lets LLVM vectorise the block loops (their stores cannot change the
-    arrays the next lanes read).
-    """
-
-    def _customize_flags(self, flags):
-        flags.noalias = True
-        return flags
+def describe() -> str:
+    """One line on how the kernels compile here: the path, the Numba version and, hooked, the hooks in use."""
+    if _hooks is None:
+        return f"plain: numba.njit alone (numba {numba.__version__}; {_plain_reason}; no disk cache)"
+    loads = "hardware gathers" if gathers_in_use() else "lane-by-lane loads"
+    return f"numba {numba.__version__}, hooks: {', '.join(_hooks.HOOKS)}, {loads}"
 
 
 @functools.cache
 def _cpu_name() -> str:
     """The LLVM name of the CPU Numba compiles for (``NUMBA_CPU_NAME`` or this machine's)."""
-    return config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
-
-
-@functools.cache
-def _features_without_gathers() -> str:
-    """The ``target-features`` function attribute that turns LLVM's gathers into scalar loads.
-
-    A function's ``target-features`` replaces the target machine's feature string for that
-    function, so it is Numba's own string plus the tuning flag ``prefer-no-gather`` (with
-    it LLVM's vectoriser loads each lane of an indexed load on its own and keeps the
-    arithmetic in vectors). Every kernel and helper of the engine gets the same string, so
-    LLVM still inlines the helpers into the kernels.
-    """
-    features = getattr(cpu_target.target_context.codegen(), "_tm_features", None)
-    if features is None:
-        features = config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
-    return f'"target-features"="{features},+prefer-no-gather"'
-
-
-class _NoGatherLower(lowering.Lower):
-    """Numba's lowering, with the functions it defines marked to compile without hardware gathers."""
-
-    def post_lower(self):
-        super().post_lower()
-        marker = _features_without_gathers()
-        for function in self.module.functions:
-            if function.blocks:
-                # llvmlite knows no string attributes; the set's entries are written out as
-                # they are, after the function's signature.
-                set.add(function.attributes, marker)
-
-
-@register_pass(mutates_CFG=True, analysis_only=False)
-class _NoGatherLowering(NativeLowering):
-    _name = "gridsampler3d_no_gather_lowering"
-
-    @property
-    def lowering_class(self):
-        return _NoGatherLower
-
-
-class _NoGatherPipeline(CompilerBase):
-    """Numba's nopython pipeline with :class:`_NoGatherLowering` in place of its lowering pass."""
-
-    def define_pipelines(self):
-        manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
-        manager.passes = [(_NoGatherLowering if step is NativeLowering else step, description)
-                          for step, description in manager.passes]
-        manager.finalize()
-        return [manager]
+    return numba.config.CPU_NAME or llvmlite.binding.get_host_cpu_name()
 
 
 def gathers_in_use() -> bool:
-    """Whether the engine's kernels compile their indexed loads to hardware gathers on this CPU."""
-    return hardware_gathers_pay(_cpu_name())
+    """Whether the engine's kernels compile their indexed loads to hardware gathers on this CPU.
+
+    On the plain path LLVM decides, as for any Numba code.
+    """
+    return _hooks is None or hardware_gathers_pay(_cpu_name())
 
 
 @functools.cache
@@ -169,29 +114,41 @@ def _engine_sources() -> str:
     return digest.hexdigest()
 
 
-class _BuildCache(FunctionCache):
-    """Numba's disk cache with the build (gathers or lane-by-lane loads) and the engine's sources in every entry's key.
+def _cache_key() -> tuple[str, str]:
+    """What a cache entry's key holds besides Numba's own: the build and the engine's sources."""
+    return "gathers" if gathers_in_use() else "lane loads", _engine_sources()
 
-    Numba keys an entry by signature, CPU and the function's own code, and drops the entry
-    when the function's file changes; the build is none of them, so without it a cache
-    written by the other build would be loaded as it is. Nor are the helpers a kernel
-    calls: a kernel cached before a helper's file (such as :mod:`.block`) changed would
-    load with the old helper compiled into it.
+
+def _declare(func, options: dict, plain_types: bool, cache: bool):
+    if _hooks is None:
+        plain_options = {name: value for name, value in options.items() if name in ("forceinline",)}
+        return numba.njit(func, **_PLAIN_OPTIONS, **plain_options)
+    return _hooks.declare(func, {**_OPTIONS, **options}, plain_types=plain_types, gathers=gathers_in_use(),
+                          cache_key=_cache_key if cache else None)
+
+
+# Helpers are called from kernels only: no wrappers to call them from Python or C.
+_HELPER_OPTIONS = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
+
+def helper(func):
+    """A helper LLVM inlines into each kernel that calls it (``forceinline``).
+
+    Helpers compile with ``noalias`` too: Numba optimises, and vectorises, each helper in
+    its own module before LLVM inlines it, so a helper's loops need their own guarantee
+    that the arrays they store into overlap no other argument (see :func:`part_kernel`).
+    A caller therefore never passes overlapping arrays to a helper that writes one of
+    them (the same array may go to several arguments that the call leaves untouched).
     """
-
-    def _index_key(self, sig, codegen):
-        return (*super()._index_key(sig, codegen), "gathers" if gathers_in_use() else "lane loads",
-                _engine_sources())
+    return _declare(func, {**_HELPER_OPTIONS, "forceinline": True}, True, True)
 
 
-def _enable_caching(dispatcher):
-    dispatcher._cache = _BuildCache(dispatcher.py_func)
+def outlined_helper(func, cache: bool = True):
+    """A helper kept as a call: for code that, inlined, slows the compile of the loop beside it (``noalias`` too).
 
-
-def _compile_without_aliases(dispatcher):
-    pipeline = dispatcher._compiler.pipeline_class if gathers_in_use() else _NoGatherPipeline
-    dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
-                                            pipeline)
+    ``cache=False`` compiles without the disk cache (whose code cannot be inspected).
+    """
+    return _declare(func, _HELPER_OPTIONS, True, cache)
 
 
 def part_kernel(func, cache: bool = True):
@@ -209,11 +166,25 @@ def part_kernel(func, cache: bool = True):
     (docs/cpu.md). (A jitted wrapper that allocates and calls the kernel costs about 1 s
     of compile per kernel: Numba optimises the linked kernel again inside the wrapper.)
     """
-    dispatcher = CPUDispatcher(py_func=func, locals={}, targetoptions=dict(_OPTIONS))
-    _compile_without_aliases(dispatcher)
-    if cache:
-        _enable_caching(dispatcher)
-    return dispatcher
+    return _declare(func, {}, False, cache)
+
+
+def _borrowed(array):
+    """The array itself (the plain path's :func:`borrowed`: its reference is counted as any other)."""
+    return array
+
+
+def _zero_elements(array, start, count):
+    """``array[start:start + count] = 0`` (the plain path's :func:`zero_elements`)."""
+    array[start:start + count] = 0
+
+
+#: ``borrowed(array)``: the same array without its reference to the memory manager, for
+#: the operands of a part kernel (:func:`.numba_hooks.borrowed`).
+borrowed = helper(_borrowed) if _hooks is None else _hooks.borrowed
+#: ``zero_elements(array, start, count)``: ``array[start:start + count] = 0`` as one
+#: memset (:func:`.numba_hooks.zero_elements`).
+zero_elements = helper(_zero_elements) if _hooks is None else _hooks.zero_elements
 
 
 _LINE_BYTES = 64  # a cache line
@@ -274,49 +245,3 @@ class Parallel:
         if self._scratch is not None:
             operands += self._scratch(count, *operands)
         return self.part, operands, count
-
-
-@intrinsic
-def borrowed(typingctx, array):
-    """The same array without its reference to the memory manager: for the operands of a part kernel.
-
-    An array that a kernel receives from Python carries its NumPy owner's reference
-    count, and every view of it or call of an outlined helper with it counts a reference
-    up and down, atomically: the channels-last forward, which calls a helper per block,
-    ran 1.5 to 1.8 times slower, and its two threads contended for the one counter. The
-    caller keeps the array alive for the whole call, so no count is needed (the
-    outlined body of a ``prange`` loop receives its arrays this way too).
-    """
-    if not isinstance(array, types.Array):
-        return None
-
-    def codegen(context, builder, signature, arguments):
-        view = cgutils.create_struct_proxy(array)(context, builder, value=arguments[0])
-        view.meminfo = cgutils.get_null_value(view.meminfo.type)
-        view.parent = cgutils.get_null_value(view.parent.type)
-        return view._getvalue()
-
-    return array(array), codegen
-
-
-@intrinsic
-def zero_elements(typingctx, array, start, count):
-    """``array[start:start + count] = 0`` as one ``llvm.memset``, for a range the caller knows to be inside ``array``.
-
-    ``count`` must not be negative (nothing is checked). Inside a kernel's loops, a loop of
-    stores or a slice assignment cost seconds of compile: LLVM copied it many times over
-    as unswitched and unrolled loops (docs/cpu.md, "Compilation"); this is one call.
-    """
-    if not (isinstance(array, types.Array) and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
-        return None
-
-    def codegen(context, builder, signature, arguments):
-        view = context.make_array(array)(context, builder, value=arguments[0])
-        first = context.cast(builder, arguments[1], signature.args[1], types.intp)
-        length = context.cast(builder, arguments[2], signature.args[2], types.intp)
-        itemsize = context.get_abi_sizeof(context.get_data_type(array.dtype))
-        pointer = builder.gep(view.data, [first])
-        cgutils.memset(builder, pointer, builder.mul(length, cgutils.intp_t(itemsize)), 0)
-        return context.get_dummy_value()
-
-    return types.none(array, start, count), codegen

@@ -191,6 +191,7 @@ def make_plan(call: Call) -> Plan:
         threads = _threads(call)
         backward = call.stage == Stage.BACKWARD
         return Plan(call.stage, Strategy.BICUBIC, threads, call.channels_last,
+                    runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1]),
                     grid_pass=GridPass.ROWS if backward and call.want_dgrid else GridPass.NONE,
                     dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
                     dx_parts=threads if backward and call.want_dx else 0)

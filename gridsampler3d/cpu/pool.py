@@ -1,119 +1,108 @@
-"""The CPU engine's threads: its own workers for the part kernels, and a Numba layer that survives fork.
+"""The CPU engine's threads: every kernel runs in parts (:func:`.jit.part_kernel`) on threads of its own choosing.
 
-The trilinear and nearest kernels are part kernels (:func:`.jit.part_kernel`):
-:func:`run_parts` runs their parts on the calling thread and on worker threads of this
-module, which a forked child recreates. The bicubic kernels and the rounding pass are
-``prange`` kernels on Numba's threading layer.
+:func:`run_parts` runs part 0 on the calling thread and the others on the process's
+executor, chosen at the engine's first launch (nothing happens at import):
 
-Numba picks its threading layer once per process, at the first parallel launch by anyone,
-and each layer has a catch:
+- torch's OpenMP team (:class:`_OpenMPTeam`), where torch runs on an OpenMP runtime with
+  GNU's entry points that the process has already loaded (torch's Linux wheels: GNU
+  libgomp). An OpenMP thread spins for milliseconds after every parallel torch
+  operation, waiting for the next one; beside a spinning thread a part kernel ran at half
+  speed and started late. Run on the team, the parts take the spinning threads' places
+  instead of competing with them (docs/runtime.md has the measurements);
+- else the engine's own worker threads (:class:`_WorkerThreads`).
 
-- ``omp`` on Linux is GNU libgomp, which is not fork-safe: a process forked after the
-  parent launched a kernel (a DataLoader worker, say) is killed at its first launch;
-- ``workqueue`` survives fork but aborts the process when two Python threads launch
-  kernels at once;
-- ``tbb`` is safe for both, but the ``tbb`` wheel installs ``libtbb.so.12`` in the
-  environment's ``lib/``, where Numba's TBB extension does not look.
+A forked child never uses the team: GNU libgomp does not survive fork, and a region in
+the child of a parent that had used its team waits forever. A process forked after
+this module was imported takes the worker threads at its first launch.
+``GRIDSAMPLER3D_OPENMP=0`` keeps the worker threads everywhere; :func:`use` picks a route.
 
-So, at import, before any launch, this module loads the wheel's TBB library and, unless
-the user chose a layer, asks Numba for a fork-safe one: TBB, or else the workqueue, whose
-launches :func:`exclusive` then takes one at a time. docs/cpu.md has the measurements.
-
-Where torch's own threads are an OpenMP team (its Linux wheels), the parts run on that
-team rather than on worker threads of this module. An OpenMP thread spins for milliseconds
-after every parallel torch operation, waiting for the next one; beside a spinning thread a
-part kernel ran at half speed and started late (docs/cpu.md, "Whose threads"). Run on the
-team, the part kernels take the spinning threads' places instead of competing with them.
-A forked child, a torch whose threads are not OpenMP's, or ``GRIDSAMPLER3D_OPENMP=0``
-(read at import) keeps the worker threads.
+No kernel runs on a Numba threading layer, so the engine never starts one: whichever
+layer other Numba code in the process chooses, it keeps.
 """
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import ctypes
 import functools
-import importlib.metadata
 import itertools
 import os
 import re
-import sys
 import threading
+from pathlib import Path
+from queue import SimpleQueue
 
-import numba
 import torch
 
-__all__ = ["exclusive", "layer", "run_parts", "run_together", "threads"]
+__all__ = ["ROUTES", "exclusive", "route", "run_parts", "run_together", "threads", "use"]
 
-_TBB_LIBRARY = {"win32": "tbb12.dll", "darwin": "libtbb.12.dylib"}.get(sys.platform, "libtbb.so.12")
-_DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
-_THREAD_SAFE_LAYERS = ("tbb", "omp")
+ROUTES = ("team", "workers")
 
 
-def _load_tbb() -> None:
-    """Load the ``tbb`` wheel's library process-wide, so that Numba's TBB layer finds it."""
-    try:
-        files = importlib.metadata.files("tbb") or []
-    except importlib.metadata.PackageNotFoundError:
-        return
-    for file in files:
-        if file.name == _TBB_LIBRARY:
-            try:
-                ctypes.CDLL(str(file.locate()), mode=ctypes.RTLD_GLOBAL)
-            except OSError:
-                pass  # Numba then falls back to another layer
+def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -> None:
+    """Thread ``thread`` of ``team``: fixed tasks ``thread``, ``thread + team``, ... below ``fixed``, then queued ones.
+
+    ``queue`` holds the indices of the shared tasks not yet taken (a deque: taking one is
+    atomic). Errors are kept as (index, error) in ``errors``.
+    """
+    def run(index):
+        kernel, operands, part = tasks[index]
+        try:
+            kernel(*operands, part)
+        except BaseException as error:  # raised by the caller once every task is done
+            errors.append((index, error))
+
+    for index in range(thread, fixed, team):
+        run(index)
+    while True:
+        try:
+            index = queue.popleft()
+        except IndexError:
             return
+        run(index)
 
 
-def _user_chose_layer() -> bool:
-    return ("NUMBA_THREADING_LAYER" in os.environ or "NUMBA_THREADING_LAYER_PRIORITY" in os.environ
-            or str(numba.config.THREADING_LAYER).lower() != "default"
-            or list(numba.config.THREADING_LAYER_PRIORITY) != _DEFAULT_PRIORITY)
+class _WorkerThreads:
+    """Runs tasks on the engine's own threads, started as the largest team asked for needs them.
 
+    Thread ``i`` of a team is always worker ``i``, so that no thread's fixed tasks wait
+    behind another's (a pool would hand two of them to one thread that finished early).
+    """
 
-def _prefer_fork_safe_layer() -> None:
-    if not _user_chose_layer():
-        # Numba's own name for "TBB, else a layer that survives fork" (on Linux, the
-        # workqueue; elsewhere OpenMP comes before it, being fork-safe there).
-        numba.config.THREADING_LAYER = "forksafe"
+    name = "workers"
 
+    def __init__(self):
+        self._inboxes = []  # one per worker thread: (share, done) items to run
+        self._lock = threading.Lock()
 
-def layer() -> str | None:
-    """The threading layer Numba runs on, or None before its first parallel launch."""
-    try:
-        return numba.threading_layer()
-    except ValueError:
-        return None
+    def _workers(self, count: int) -> list:
+        with self._lock:
+            while len(self._inboxes) < count:
+                inbox = SimpleQueue()
+                threading.Thread(target=self._serve, args=(inbox,), name=f"gridsampler3d-{len(self._inboxes) + 1}",
+                                 daemon=True).start()
+                self._inboxes.append(inbox)
+            return self._inboxes[:count]
 
+    @staticmethod
+    def _serve(inbox) -> None:
+        while True:
+            share, done = inbox.get()
+            try:
+                share()
+            finally:
+                done.release()
 
-# Serialises launches on a layer that is not thread-safe (and before the layer is known).
-_launch_lock = threading.Lock()
-
-
-# The threads that run the parts of the trilinear and nearest kernels (created on first need).
-_workers: concurrent.futures.ThreadPoolExecutor | None = None
-_workers_lock = threading.Lock()
-
-
-def _fresh_state_in_child() -> None:
-    # A fork taken while another thread held a lock would leave it held forever here, and
-    # the parent's worker threads do not exist in the child. Nor do its OpenMP threads:
-    # GNU libgomp would wait for them at the child's first parallel region.
-    global _launch_lock, _workers, _workers_lock, _team
-    _launch_lock = threading.Lock()
-    _workers = None
-    _workers_lock = threading.Lock()
-    _team = None
-
-
-def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _workers
-    with _workers_lock:
-        if _workers is None:
-            # As many as Numba may run (threads() never asks for more); idle ones cost nothing.
-            _workers = concurrent.futures.ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                                                             thread_name_prefix="gridsampler3d")
-        return _workers
+    def run(self, tasks, fixed: int, queue, errors: list, team: int) -> None:
+        """:func:`_run_share` on ``team`` threads, the calling thread among them."""
+        done = threading.Semaphore(0)
+        inboxes = self._workers(team - 1)
+        for thread, inbox in enumerate(inboxes, start=1):
+            inbox.put((functools.partial(_run_share, tasks, fixed, queue, errors, thread, team), done))
+        try:
+            _run_share(tasks, fixed, queue, errors, 0, team)
+        finally:
+            for _ in inboxes:
+                done.acquire()
 
 
 class _OpenMPTeam:
@@ -124,6 +113,8 @@ class _OpenMPTeam:
     into Python, runs its tasks (kernels that release the GIL), then takes shared ones while
     any are left, and keeps their errors.
     """
+
+    name = "team"
 
     def __init__(self, runtime: ctypes.CDLL):
         self._parallel = runtime.GOMP_parallel
@@ -151,40 +142,68 @@ class _OpenMPTeam:
             del self._regions[key]
 
 
-_OPENMP_RUNTIME = re.compile(r"(?:^|/)lib(gomp|i?omp5?)([-.][^/]*)?\.(so|dylib)([.][^/]*)?$")
+_OPENMP_RUNTIME = re.compile(r"^lib(gomp|i?omp5?)([-.][^/]*)?\.(so|dylib)([.][^/]*)?$")
+# Loaded OpenMP runtimes looked up by name, where torch's folders hold none (a torch built against the system's).
+_OPENMP_NAMES = ("libgomp.so.1", "libomp.so", "libiomp5.so")
 
 
 def _torch_openmp_team() -> _OpenMPTeam | None:
-    """The team of torch's OpenMP threads, or None where torch does not run on OpenMP or its runtime is not found.
+    """The team of torch's OpenMP threads, or None where torch does not run on OpenMP or its runtime is not loaded.
 
-    The runtime is the OpenMP library mapped into this process from torch's own
-    directory, or else the only OpenMP library mapped at all (Linux); elsewhere the one
-    in torch's ``lib/``.
+    The runtime is the first OpenMP library in torch's ``lib/`` (or its wheel's
+    ``torch.libs/``) that the process has loaded, else one loaded under a usual name. It
+    is looked up with ``RTLD_NOLOAD``: a library not loaded yet stays unloaded.
     """
-    if os.environ.get("GRIDSAMPLER3D_OPENMP", "1") == "0":
+    no_load = getattr(os, "RTLD_NOLOAD", None)
+    if no_load is None or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
-    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
-        return None
-    home = os.path.dirname(os.path.realpath(torch.__file__))
-    try:
-        with open("/proc/self/maps") as maps:  # address, permissions, offset, device, inode, path
-            mapped = {fields[5].strip() for fields in (line.split(None, 5) for line in maps) if len(fields) == 6}
-    except OSError:
+    home = Path(torch.__file__).resolve().parent
+    shipped = sorted(str(path) for folder in (home / "lib", home.parent / "torch.libs") if folder.is_dir()
+                     for path in folder.iterdir() if _OPENMP_RUNTIME.search(path.name))
+    for candidate in (*shipped, *_OPENMP_NAMES):
         try:
-            mapped = {os.path.join(home, "lib", name) for name in os.listdir(os.path.join(home, "lib"))}
-        except OSError:
-            return None
-    runtimes = sorted(path for path in mapped if _OPENMP_RUNTIME.search(path))
-    chosen = [path for path in runtimes if os.path.realpath(path).startswith(home + os.sep)] or runtimes
-    if len(chosen) != 1:
-        return None
-    try:
-        return _OpenMPTeam(ctypes.CDLL(chosen[0]))
-    except (OSError, AttributeError):  # not loadable, or without GOMP_parallel
-        return None
+            return _OpenMPTeam(ctypes.CDLL(candidate, mode=no_load))
+        except (OSError, AttributeError):  # not loaded, or without GOMP_parallel
+            continue
+    return None
 
 
-_team: _OpenMPTeam | None = None  # set at import, below
+# Where the first launch happens: a process with another id is a forked child.
+_IMPORTED_IN = os.getpid()
+_chosen = None  # (process id, executor) once a launch chose
+
+
+def _choose(wanted: str | None):
+    """The executor for ``wanted`` ("team", "workers", or None: the team where there is one and this is no fork)."""
+    if wanted not in (None, *ROUTES):
+        raise ValueError(f"route must be one of {ROUTES} or None; got {wanted!r}")
+    allowed = wanted != "workers" and os.getpid() == _IMPORTED_IN and os.environ.get("GRIDSAMPLER3D_OPENMP") != "0"
+    team = _torch_openmp_team() if allowed else None
+    if wanted == "team" and team is None:
+        raise ValueError("torch's threads are not an OpenMP team this process can use")
+    return team or _WorkerThreads()
+
+
+def _executor():
+    """The executor of this process: chosen at its first launch (again in a forked child)."""
+    global _chosen
+    chosen = _chosen
+    if chosen is None or chosen[0] != os.getpid():
+        # Two threads launching first may both choose; either choice serves.
+        chosen = _chosen = (os.getpid(), _choose(None))
+    return chosen[1]
+
+
+def use(wanted: str | None) -> None:
+    """Run the parts on ``wanted`` from now on: "team" (ValueError where there is none), "workers", or None
+    (chosen again at the next launch, as at the first)."""
+    global _chosen
+    _chosen = None if wanted is None else (os.getpid(), _choose(wanted))
+
+
+def route() -> str:
+    """Where the parts run: "team" (torch's OpenMP team) or "workers" (the engine's threads); chosen now if not yet."""
+    return _executor().name
 
 
 def run_parts(kernel, operands, parts: int) -> None:
@@ -210,81 +229,23 @@ def run_together(launches, shared=()) -> None:
     tasks = [(kernel, operands, part) for kernel, operands, parts in launches for part in range(parts)]
     fixed = len(tasks)
     tasks += [(kernel, operands, part) for kernel, operands, parts in shared for part in range(parts)]
-    team = min(len(tasks), max(1, torch.get_num_threads()))
+    team = min(len(tasks), threads())
     if team <= 1:
         for kernel, operands, part in tasks:
             kernel(*operands, part)
         return
     queue = collections.deque(range(fixed, len(tasks)))
     errors = []
-    if _team is not None:
-        _team.run(tasks, fixed, queue, errors, team)
-    else:
-        others = [_worker_pool().submit(_run_share, tasks, fixed, queue, errors, thread, team)
-                  for thread in range(1, team)]
-        try:
-            _run_share(tasks, fixed, queue, errors, 0, team)
-        finally:
-            concurrent.futures.wait(others)
+    _executor().run(tasks, fixed, queue, errors, team)
     if errors:  # the earliest task's error
         raise min(errors, key=lambda indexed: indexed[0])[1]
 
 
-def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -> None:
-    """Thread ``thread`` of ``team``: fixed tasks ``thread``, ``thread + team``, ... below ``fixed``, then queued ones.
-
-    ``queue`` holds the indices of the shared tasks not yet taken (a deque: taking one is
-    atomic). Errors are kept as (index, error) in ``errors``.
-    """
-    def run(index):
-        kernel, operands, part = tasks[index]
-        try:
-            kernel(*operands, part)
-        except BaseException as error:  # raised by the caller once every task is done
-            errors.append((index, error))
-
-    for index in range(thread, fixed, team):
-        run(index)
-    while True:
-        try:
-            index = queue.popleft()
-        except IndexError:
-            return
-        run(index)
+def threads() -> int:
+    """How many threads the kernels run on: torch's setting (``torch.get_num_threads()``)."""
+    return max(1, torch.get_num_threads())
 
 
 def exclusive(method):
-    """Run ``method`` (one that launches kernels) alone when the layer cannot take concurrent launches."""
-    @functools.wraps(method)
-    def run(*args, **kwargs):
-        if layer() in _THREAD_SAFE_LAYERS:
-            return method(*args, **kwargs)
-        with _launch_lock:
-            return method(*args, **kwargs)
-    return run
-
-
-def threads() -> int:
-    """Set the calling thread's kernel thread count from torch's setting, within Numba's maximum.
-
-    Numba's count is per Python thread, so it is set at every call.
-    """
-    if layer() is None:
-        # Numba re-reads its configuration from the environment when a NUMBA_ variable
-        # changed before a compile, which would undo the choice made at import.
-        _prefer_fork_safe_layer()
-    wanted = torch.get_num_threads()
-    count = max(1, min(wanted, numba.config.NUMBA_NUM_THREADS))
-    numba.set_num_threads(count)
-    if torch.get_num_threads() != wanted:
-        # Numba's OpenMP layer (where the user chose it) resets OpenMP's thread count,
-        # torch's included, when its pool starts.
-        torch.set_num_threads(wanted)
-    return count
-
-
-_load_tbb()
-_prefer_fork_safe_layer()
-_team = _torch_openmp_team()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_fresh_state_in_child)
+    """``method`` itself. Launches from several Python threads at once need no lock: every executor takes them."""
+    return method

@@ -1,0 +1,209 @@
+"""Every use of Numba's non-public API in the package: the hooks :mod:`.jit` declares kernels and helpers with.
+
+Tested with Numba 0.62.1 and 0.68.1 (llvmlite 0.45.1 and 0.50.0); ``pyproject.toml``
+requires that range. (With 0.61.2 the CPU tests passed but one: its LLVM 15 ignores the
+no-gather flag, so Zen builds kept their gathers.) Importing this module raises ImportError or AttributeError where a
+Numba release lacks a class or method hooked here; :mod:`.jit` then declares everything
+with ``numba.njit`` and its documented options alone (the plain path, docs/runtime.md).
+
+The hooks, each kept for a measured reason (docs/runtime.md, "The Numba boundary"):
+
+- plain-type helpers (:class:`_PlainTypeDispatcher`): a helper is compiled once per
+  dtype, not once per set of constant mode values;
+- ``noalias`` (:class:`_NoAliasCompiler`): array arguments are declared not to overlap,
+  which lets LLVM vectorise the block loops;
+- scalar lane loads where hardware gathers are slow (:class:`_NoGatherPipeline`);
+- a disk cache keyed on the engine's sources (:class:`_EngineKeyedCache`);
+- two intrinsics that write LLVM IR with ``numba.core.cgutils``: :func:`borrowed`,
+  :func:`zero_elements`.
+
+Nothing here changes Numba for other code: the classes are used only by the dispatchers
+:func:`declare` returns (the lowering pass is registered under a name of its own).
+"""
+from __future__ import annotations
+
+import functools
+
+import llvmlite.binding
+from numba import config, types
+from numba.core import cgutils, lowering
+from numba.core.caching import FunctionCache
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import register_pass
+from numba.core.dispatcher import _FunctionCompiler
+from numba.core.registry import CPUDispatcher, cpu_target
+from numba.core.typed_passes import NativeLowering
+from numba.extending import intrinsic
+
+__all__ = ["HOOKS", "borrowed", "declare", "zero_elements"]
+
+# What `gridsampler3d backends` names.
+HOOKS = ("plain-type helpers", "noalias", "engine-keyed cache")
+
+
+def _require(owner, *names: str) -> None:
+    """Raise AttributeError unless ``owner`` has every attribute in ``names`` (the methods overridden here)."""
+    missing = [name for name in names if not hasattr(owner, name)]
+    if missing:
+        raise AttributeError(f"{owner.__module__}.{owner.__qualname__} has no {', '.join(missing)}")
+
+
+_require(CPUDispatcher, "get_call_template")
+_require(_FunctionCompiler, "_customize_flags")
+_require(lowering.Lower, "post_lower")
+_require(NativeLowering, "lowering_class")
+_require(DefaultPassBuilder, "define_nopython_pipeline")
+_require(FunctionCache, "_index_key")
+
+
+class _PlainTypeDispatcher(CPUDispatcher):
+    """A dispatcher that types every call's arguments without their literal values."""
+
+    def get_call_template(self, args, kws):
+        args = tuple(types.unliteral(arg) for arg in args)
+        kws = {name: types.unliteral(arg) for name, arg in kws.items()}
+        return super().get_call_template(args, kws)
+
+
+class _NoAliasCompiler(_FunctionCompiler):
+    """Compiles with Numba's ``noalias`` flag: array arguments are declared not to overlap.
+
+    It is what Numba gives the outlined body of a ``prange`` loop whose alias analysis finds
+    no alias, and what lets LLVM vectorise the block loops (their stores cannot change the
+    arrays the next lanes read).
+    """
+
+    def _customize_flags(self, flags):
+        flags.noalias = True
+        return flags
+
+
+@functools.cache
+def _features_without_gathers() -> str:
+    """The ``target-features`` function attribute that turns LLVM's gathers into scalar loads.
+
+    A function's ``target-features`` replaces the target machine's feature string for that
+    function, so it is Numba's own string plus the tuning flag ``prefer-no-gather`` (with
+    it LLVM's vectoriser loads each lane of an indexed load on its own and keeps the
+    arithmetic in vectors). Every kernel and helper of the engine gets the same string, so
+    LLVM still inlines the helpers into the kernels.
+    """
+    features = getattr(cpu_target.target_context.codegen(), "_tm_features", None)
+    if features is None:
+        features = config.CPU_FEATURES or llvmlite.binding.get_host_cpu_features().flatten()
+    return f'"target-features"="{features},+prefer-no-gather"'
+
+
+class _NoGatherLower(lowering.Lower):
+    """Numba's lowering, with the functions it defines marked to compile without hardware gathers."""
+
+    def post_lower(self):
+        super().post_lower()
+        marker = _features_without_gathers()
+        for function in self.module.functions:
+            if function.blocks:
+                # llvmlite knows no string attributes; the set's entries are written out as
+                # they are, after the function's signature.
+                set.add(function.attributes, marker)
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _NoGatherLowering(NativeLowering):
+    _name = "gridsampler3d_no_gather_lowering"
+
+    @property
+    def lowering_class(self):
+        return _NoGatherLower
+
+
+class _NoGatherPipeline(CompilerBase):
+    """Numba's nopython pipeline with :class:`_NoGatherLowering` in place of its lowering pass."""
+
+    def define_pipelines(self):
+        manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        manager.passes = [(_NoGatherLowering if step is NativeLowering else step, description)
+                          for step, description in manager.passes]
+        manager.finalize()
+        return [manager]
+
+
+class _EngineKeyedCache(FunctionCache):
+    """Numba's disk cache with ``key()`` (the build and the engine's sources, :mod:`.jit`) in every entry's key.
+
+    Numba keys an entry by signature, CPU and the function's own code, and drops the entry
+    when the function's file changes. Neither the build (gathers or lane-by-lane loads) nor
+    the helpers a kernel calls are in that key: a kernel cached before a helper's file
+    changed would load with the old helper compiled into it, and a cache written by the
+    other build would load as it is.
+    """
+
+    def __init__(self, py_func, key):
+        super().__init__(py_func)
+        self._extra_key = key
+
+    def _index_key(self, sig, codegen):
+        return (*super()._index_key(sig, codegen), *self._extra_key())
+
+
+def declare(func, options: dict, *, plain_types: bool, gathers: bool, cache_key=None):
+    """A dispatcher of ``func`` compiled with ``options`` (Numba's target options) and ``noalias``.
+
+    ``plain_types`` types the arguments of calls from other compiled code without their
+    literal values (for helpers); ``gathers`` False compiles without hardware gathers;
+    ``cache_key``, a function returning a tuple of strings, turns on the disk cache with
+    that tuple in every entry's key.
+    """
+    dispatcher = (_PlainTypeDispatcher if plain_types else CPUDispatcher)(py_func=func, locals={},
+                                                                           targetoptions=dict(options))
+    pipeline = dispatcher._compiler.pipeline_class if gathers else _NoGatherPipeline
+    dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
+                                            pipeline)
+    if cache_key is not None:
+        dispatcher._cache = _EngineKeyedCache(dispatcher.py_func, cache_key)
+    return dispatcher
+
+
+@intrinsic
+def borrowed(typingctx, array):
+    """The same array without its reference to the memory manager: for the operands of a part kernel.
+
+    An array that a kernel receives from Python carries its NumPy owner's reference
+    count, and every view of it or call of an outlined helper with it counts a reference
+    up and down, atomically: the channels-last forward, which calls a helper per block,
+    ran 1.5 to 1.8 times slower, and its two threads contended for the one counter. The
+    caller keeps the array alive for the whole call, so no count is needed (the
+    outlined body of a ``prange`` loop receives its arrays this way too).
+    """
+    if not isinstance(array, types.Array):
+        return None
+
+    def codegen(context, builder, signature, arguments):
+        view = cgutils.create_struct_proxy(array)(context, builder, value=arguments[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+
+    return array(array), codegen
+
+
+@intrinsic
+def zero_elements(typingctx, array, start, count):
+    """``array[start:start + count] = 0`` as one ``llvm.memset``, for a range the caller knows to be inside ``array``.
+
+    ``count`` must not be negative (nothing is checked). Inside a kernel's loops, a loop of
+    stores or a slice assignment cost seconds of compile: LLVM copied it many times over
+    as unswitched and unrolled loops (docs/cpu.md, "Compilation"); this is one call.
+    """
+    if not (isinstance(array, types.Array) and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, arguments):
+        view = context.make_array(array)(context, builder, value=arguments[0])
+        first = context.cast(builder, arguments[1], signature.args[1], types.intp)
+        length = context.cast(builder, arguments[2], signature.args[2], types.intp)
+        itemsize = context.get_abi_sizeof(context.get_data_type(array.dtype))
+        pointer = builder.gep(view.data, [first])
+        cgutils.memset(builder, pointer, builder.mul(length, cgutils.intp_t(itemsize)), 0)
+        return context.get_dummy_value()
+
+    return types.none(array, start, count), codegen

@@ -1,0 +1,56 @@
+"""The CPU engine's rounding of float64 results into float16 or bfloat16: one pass, in parts on its threads.
+
+:func:`gridsampler3d.rounding.round_once` rounds to float32 by round-to-odd, then to the
+half type, so that the result is the float64 value rounded once. Its torch form makes
+about ten passes with temporaries: in the bfloat16 case of the suite it cost nearly as
+much as the kernels. Here the round-to-odd step is one part kernel over the dense
+tensor's memory; torch's conversion does the rest.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..rounding import round_once as _round_once_reference
+from . import pool, tuning
+from .jit import Parallel, borrowed, part_kernel
+
+__all__ = ["round_once"]
+
+
+@part_kernel
+def _round_to_odd_part(values_operand, single_operand, parts, part):
+    """single[i]: float64 values[i] rounded to float32 toward zero, last bit set where anything was cut off, for
+    the ``part``-th of ``parts`` equal runs of i."""
+    values, single = borrowed(values_operand), borrowed(single_operand)
+    bits = single.view(np.int32)  # derived from ``single`` in the kernel: the arguments never overlap
+    for i in range(part * values.size // parts, (part + 1) * values.size // parts):
+        value = values[i]
+        single[i] = np.float32(value)  # to nearest
+        back = np.float64(single[i])
+        bits[i] = (bits[i] - np.int32(abs(back) > abs(value))) | np.int32(back != value)
+
+
+_round_to_odd = Parallel(_round_to_odd_part)
+
+
+def _memory(tensor: torch.Tensor):
+    """The tensor's elements as a 1-D array in memory order, or None where its memory has gaps or overlaps."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    if span != tensor.numel():
+        return None
+    array = tensor.detach().numpy()
+    return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
+
+
+def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one pass on dense tensors."""
+    if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
+        return _round_once_reference(values, dtype)
+    single = torch.empty_like(values, dtype=torch.float32)
+    flat_values = _memory(values)
+    if flat_values is None or single.stride() != values.stride():
+        return _round_once_reference(values, dtype)
+    parts = pool.threads() if values.numel() >= tuning.PARALLEL_VALUES else 1
+    _round_to_odd(flat_values, _memory(single), parts)
+    return single.to(dtype)
