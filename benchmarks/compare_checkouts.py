@@ -2,18 +2,22 @@
 
     git worktree add /tmp/before HEAD~1
     python benchmarks/compare_checkouts.py /tmp/before --cases near64,fp64 --threads 1 --stage backward
+    python benchmarks/compare_checkouts.py . --other-plain --stage forward   # this engine against its plain path
 
 On a shared, noisy machine, separate runs of ``gridsampler3d bench`` can differ by more
 than a kernel change does. Here both versions load into one process (the other checkout's
 package under another name) and each timed call of one is followed by the same call of the
 other, so that a disturbance hits both; the line per case gives each version's median and
 the median of the per-pair ratios (this checkout / the other). Both compile into the Numba
-cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers changed.
+cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers changed. With
+``--other-plain`` the other package is imported on the plain Numba path
+(``GRIDSAMPLER3D_PLAIN_NUMBA=1``, docs/runtime.md), which compiles without the disk cache.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -25,14 +29,17 @@ import gridsampler3d
 from gridsampler3d.bench.suite import build_inputs, select_cases
 
 
-def _load_other(checkout: Path):
-    """The ``gridsampler3d`` package of another checkout, imported as ``gridsampler3d_other``."""
+def _load_other(checkout: Path, plain: bool = False):
+    """The ``gridsampler3d`` package of another checkout, imported as ``gridsampler3d_other`` (on the plain path)."""
+    if plain:
+        os.environ["GRIDSAMPLER3D_PLAIN_NUMBA"] = "1"  # read when the package's jit module is imported
     package = checkout / "gridsampler3d"
     spec = importlib.util.spec_from_file_location("gridsampler3d_other", package / "__init__.py",
                                                   submodule_search_locations=[str(package)])
     module = importlib.util.module_from_spec(spec)
     sys.modules["gridsampler3d_other"] = module
     spec.loader.exec_module(module)
+    os.environ.pop("GRIDSAMPLER3D_PLAIN_NUMBA", None)
     return module
 
 
@@ -44,8 +51,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
     parser.add_argument("--stage", choices=["forward", "backward"], default="backward")
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
+    parser.add_argument("--other-plain", action="store_true", help="import the other package on the plain path")
     args = parser.parse_args()
-    other = _load_other(args.other.resolve())
+    other = _load_other(args.other.resolve(), args.other_plain)
     torch.set_num_threads(args.threads)
     print(f"this checkout: {Path(gridsampler3d.__file__).parent.parent}; other: {args.other}; "
           f"{args.threads} thread(s), {args.stage}, {args.pairs} pairs")
