@@ -239,8 +239,9 @@ class NumbaBackend:
         shapes = (batch, channels, tuple(x.shape[2:]), out_sizes)
         if interpolation == Interpolation.BICUBIC:
             runs = _runs(threads, batch * out_sizes[0] * out_sizes[1])
-            bicubic.forward((x_flat, x_strides), (grid_flat, grid_strides), (y_flat, y_strides), shapes,
-                            (int(padding), bool(align_corners), voxels), runs)
+            pool.run_together([], [bicubic.forward.launch((x_flat, x_strides), (grid_flat, grid_strides),
+                                                          (y_flat, y_strides), shapes,
+                                                          (int(padding), bool(align_corners), voxels), runs)])
         else:
             kernel = functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
                                        channels_last=layout == torch.channels_last_3d)
@@ -304,8 +305,9 @@ class NumbaBackend:
                            rule, np.stack([bounds[:-1], bounds[1:]], axis=1))
             if want_dgrid:
                 runs = _runs(threads, batch * out_sizes[0] * out_sizes[1])
-                bicubic.dgrid((grad_flat, grad_strides), (x_flat, x_strides), (grid_flat, grid_strides),
-                              (dgrid_flat, dgrid_strides), geometry, rule, runs)
+                pool.run_together([], [bicubic.dgrid.launch((grad_flat, grad_strides), (x_flat, x_strides),
+                                                            (grid_flat, grid_strides), (dgrid_flat, dgrid_strides),
+                                                            geometry, rule, runs)])
             return self._finish(dx, dgrid, dtype, layout, output_mask)
         if interpolation == Interpolation.NEAREST and want_dgrid:
             dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
