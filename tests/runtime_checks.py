@@ -10,6 +10,8 @@
 - ``plain``: the engine on Numba's public API alone (``GRIDSAMPLER3D_PLAIN_NUMBA=1`` set
   by the caller) against PyTorch: float64 bit for bit, float32 by the precision rule;
   nothing written to the disk cache; ``gridsampler3d backends`` says "plain".
+- ``missing-hook``: with a method the hooks override taken out of Numba, the import warns
+  once, naming Numba's version, and takes the plain path.
 - ``checksum``: a tricubic and a trilinear forward of a fixed case, printed as two sums.
 
 Each prints "ok" last when it passed.
@@ -146,6 +148,20 @@ def check_plain() -> None:
     print(listing.getvalue())
 
 
+def check_missing_hook() -> None:
+    import warnings
+
+    from numba.core import dispatcher
+
+    del dispatcher._FunctionCompiler._customize_flags  # as in a Numba release without it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from gridsampler3d.cpu import jit
+    messages = [str(warning.message) for warning in caught if "gridsampler3d" in str(warning.message)]
+    assert len(messages) == 1 and f"Numba {numba.__version__} lacks a hook" in messages[0], messages
+    assert jit.plain() and "_customize_flags" in jit.describe(), jit.describe()
+
+
 def check_checksum() -> None:
     import gridsampler3d as gs
 
@@ -155,7 +171,8 @@ def check_checksum() -> None:
         print(f"{mode} {float(gs.grid_sampler3d(x, grid, mode, backend='numba').sum())!r}")
 
 
-CHECKS = {"import": check_import, "user-layer": check_user_layer, "plain": check_plain, "checksum": check_checksum}
+CHECKS = {"import": check_import, "user-layer": check_user_layer, "plain": check_plain,
+          "missing-hook": check_missing_hook, "checksum": check_checksum}
 
 if __name__ == "__main__":
     CHECKS[sys.argv[1]]()

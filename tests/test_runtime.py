@@ -47,6 +47,10 @@ def test_the_plain_path_matches_pytorch(tmp_path):
     _run("plain", cache=tmp_path / "cache", GRIDSAMPLER3D_PLAIN_NUMBA="1")
 
 
+def test_a_missing_hook_falls_back_to_the_plain_path_with_one_warning():
+    _run("missing-hook")
+
+
 def _sums(output: str) -> dict:
     return {line.split()[0]: line.split()[1] for line in output.splitlines() if line.startswith("bi")}
 

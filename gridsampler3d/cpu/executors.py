@@ -168,8 +168,9 @@ def _forward_channel_groups(work: ForwardWork) -> None:
 
 def _forward_bicubic(work: ForwardWork) -> None:
     _, padding, align_corners, voxels = work.modes
-    bicubic.forward(work.x, work.grid, work.y, work.geometry, (int(padding), bool(align_corners), voxels),
-                    work.plan.runs)
+    # Runs of rows that the threads take in turn, as for the trilinear passes by rows.
+    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.y, work.geometry,
+                                                  (int(padding), bool(align_corners), voxels), work.plan.runs)])
 
 
 def _forward_serial(work: ForwardWork) -> None:
@@ -324,7 +325,8 @@ def _backward_bicubic(work: BackwardWork) -> None:
         bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
         bicubic.dx(ops.grad, ops.grid, ops.dx, work.geometry, rule, np.stack([bounds[:-1], bounds[1:]], axis=1))
     if work.plan.grid_pass != GridPass.NONE:
-        bicubic.dgrid(ops.grad, ops.x, ops.grid, ops.dgrid, work.geometry, rule, work.plan.runs)
+        pool.run_together([], [bicubic.dgrid.launch(ops.grad, ops.x, ops.grid, ops.dgrid, work.geometry, rule,
+                                                    work.plan.runs)])
 
 
 _GRID_PASSES = {GridPass.NONE: _nothing, GridPass.ZEROS: _nothing, GridPass.ROWS: _grid_by_rows,

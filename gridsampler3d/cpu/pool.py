@@ -168,7 +168,7 @@ def _torch_openmp_team() -> _OpenMPTeam | None:
     return None
 
 
-# Where the first launch happens: a process with another id is a forked child.
+# The process that imported this module: a launch in a process with another id is in a forked child.
 _IMPORTED_IN = os.getpid()
 _chosen = None  # (process id, executor) once a launch chose
 
