@@ -23,7 +23,7 @@ import torch
 
 from . import composite, reference
 from .layout import from_ncdhw, to_ncdhw
-from .rounding import round_once
+from .rounding import HALF_DTYPES, round_once
 from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
@@ -192,7 +192,7 @@ def golden_backward(grad, input, grid, interpolation_mode="bilinear", padding_mo
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def competitor_forward(input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,

@@ -20,7 +20,7 @@ import os
 import torch
 
 from ..layout import memory_format_of
-from ..rounding import round_once
+from ..rounding import HALF_DTYPES, round_once
 from ..modes import Interpolation, Padding
 from . import tuning
 
@@ -47,15 +47,12 @@ _BUCKET_CHUNK = 256
 _BICUBIC_CHUNK_ENTRIES = 1 << 26
 
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
 def _accumulator(dtype: torch.dtype, exact_half: bool = False):
     """Triton dtype of sums for data of ``dtype``: float64 for float64, and for half types
     where ``exact_half`` (a sum rounded to half precision once: SPEC section 4); else float32."""
     import triton.language as tl
 
-    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in _HALF) else tl.float32
+    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in HALF_DTYPES) else tl.float32
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
