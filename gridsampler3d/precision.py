@@ -30,7 +30,9 @@ __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", 
            "golden_backward", "competitor_forward", "competitor_backward"]
 
 FLOORS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-14, torch.float64: 2.0**-30}
+"""Small-value floor per dtype: a relative error is ``|out - golden| / max(|golden|, floor)``."""
 RATIOS = (2.0, 1.2, 1.2)
+"""The most ours may be of the competitor's (MARE, MERE, RMSE) to pass."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ _HALF = tuple(str(dtype).removeprefix("torch.") for dtype in HALF_DTYPES)  # as 
 
 
 class Stage(enum.Enum):
+    """The pass a call runs: the forward (y) or the backward (dx and the grid gradient)."""
     FORWARD = "forward"
     BACKWARD = "backward"
 
