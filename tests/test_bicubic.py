@@ -15,6 +15,9 @@ from gridsampler3d import precision
 from helpers import (DTYPE_IDS, DTYPES, assert_backward_matches, assert_forward_matches, make_case,
                      poisoned_allocations)
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 PADDINGS = ("zeros", "border", "reflection")
 ATTRIBUTES = [(padding, align) for padding in PADDINGS for align in (False, True)]
 

@@ -4,6 +4,9 @@ import torch
 
 from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 
 @pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)

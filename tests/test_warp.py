@@ -12,6 +12,9 @@ from gridsampler3d.modes import Interpolation, Padding
 from gridsampler3d.bench.runner import plumbed_grid
 from helpers import DTYPE_IDS, competitor_warp, poisoned_allocations
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 # Compile time bounds what the Numba engine is asked here: each (mode, padding,
 # align_corners) builds its own kernels. These cover every padding, both align_corners and
 # every interpolation; the reference runs the whole matrix.
