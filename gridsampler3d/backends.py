@@ -25,6 +25,7 @@ import torch
 from . import reference
 from .layout import memory_format_of
 from .modes import Interpolation, Padding
+from .rounding import round_once
 
 __all__ = ["BACKENDS", "available_backends", "select_backend", "describe_backends", "auto_choices",
            "library_versions", "ReferenceBackend"]
@@ -38,9 +39,9 @@ def _to_float64_numpy(tensor: torch.Tensor):
 
 
 def _tensor_like(values, like: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
-    """A float64 array copied into a new tensor of ``like``'s dtype and device, in ``memory_format``."""
+    """A float64 array rounded once into a new tensor of ``like``'s dtype and device, in ``memory_format``."""
     out = torch.empty(values.shape, dtype=like.dtype, device=like.device, memory_format=memory_format)
-    return out.copy_(torch.from_numpy(values))
+    return out.copy_(round_once(torch.from_numpy(values), like.dtype))
 
 
 class ReferenceBackend:
