@@ -1,4 +1,4 @@
-"""Per-phase times of the CPU engine's kernels on one SPEC section 8 case (docs/cpu.md).
+"""Per-phase times of the CPU engine's kernels on one benchmark case (docs/cpu.md).
 
     python benchmarks/cpu_phases.py --cases reg128,feat48 --threads 1
 
@@ -91,7 +91,7 @@ def phases(case, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="reg128,feat48", help="comma-separated SPEC section 8 case names")
+    parser.add_argument("--cases", default="reg128,feat48", help="comma-separated benchmark case names")
     parser.add_argument("--threads", type=int, default=1, help="threads for both libraries (default 1)")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per phase (median)")
     args = parser.parse_args()

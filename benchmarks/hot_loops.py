@@ -2,7 +2,7 @@
 
     python benchmarks/hot_loops.py --case reg128 --stage backward --threads 1
 
-Runs one SPEC section 8 case under ``perf record`` (software clock sampling, which needs
+Runs one benchmark case under ``perf record`` (software clock sampling, which needs
 no hardware counters), dumps the machine code of every part kernel that ran, and prints,
 per kernel, each hot loop (a backward jump and the code it spans) with its share of the
 kernel's samples, its length, and how many of its instructions are hardware gathers or
@@ -155,7 +155,7 @@ def _report(folder: Path, share: float, listing: float, nested: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", default="reg128", help="a SPEC section 8 case name")
+    parser.add_argument("--case", default="reg128", help="a benchmark case name")
     parser.add_argument("--stage", choices=("forward", "backward"), default="backward")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20, help="timed calls to sample")

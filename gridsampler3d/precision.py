@@ -1,4 +1,4 @@
-"""The precision rule of SPEC.md section 5, shared by the tests, ``check`` and the benchmarks.
+"""The precision rule (docs/semantics.md), shared by the tests, ``check`` and the benchmarks.
 
 Golden: PyTorch's CPU ``aten::grid_sampler_3d{,_backward}`` in float64 on the upcast
 inputs. Competitor: the same op in the output dtype (for float16/bfloat16: in float32 on

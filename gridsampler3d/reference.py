@@ -1,8 +1,8 @@
 """NumPy float64 golden for 3-D grid sampling, forward and backward.
 
 Readable and vectorised over output points, independent of torch. It reproduces the
-semantics of PyTorch's CPU ``grid_sampler_3d`` / ``grid_sampler_3d_backward`` (SPEC.md
-section 3) including the non-finite rules; ``dx`` is even accumulated in the same order
+semantics of PyTorch's CPU ``grid_sampler_3d`` / ``grid_sampler_3d_backward``
+(docs/semantics.md) including the non-finite rules; ``dx`` is even accumulated in the same order
 (point by point, tap by tap), so it is bitwise equal to PyTorch's float64 result.
 
 All arrays are float64 in NCDHW layout:

@@ -3,7 +3,7 @@
 torch converts float64 to float16 and bfloat16 through float32, which rounds twice: a
 value just above a half-precision tie lands on the tie in float32, then rounds to even.
 Every engine's half-precision output goes through :func:`round_once` instead, and the
-precision rule rounds the golden with it (SPEC section 4).
+precision rule rounds the golden with it (docs/semantics.md, "Dtypes").
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 There is no PyTorch 3-D golden, so the proof is: (a) a volume constant along D sampled at
 a fixed z reproduces PyTorch's 2-D bicubic forward and backward (float64); (b) float64
-gradcheck; (c) every engine against the float64 reference by the SPEC section 5 rule
+gradcheck; (c) every engine against the float64 reference by the precision rule
 (competitor: the torch composite in the compute dtype); (d) at voxel centres the output
 is the input.
 """

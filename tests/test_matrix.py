@@ -1,4 +1,4 @@
-"""The full attribute x dtype x layout matrix against the float64 golden (SPEC section 5)."""
+"""The full attribute x dtype x layout matrix against the float64 golden, by the precision rule (docs/semantics.md)."""
 import pytest
 import torch
 

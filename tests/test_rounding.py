@@ -1,4 +1,4 @@
-"""Rounding float64 into half precision once (SPEC section 4)."""
+"""Rounding float64 into half precision once (docs/semantics.md, "Dtypes")."""
 import pytest
 import torch
 

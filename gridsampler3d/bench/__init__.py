@@ -1,4 +1,4 @@
-"""The benchmark suite of SPEC.md section 8 (registry in ``suite``, timing in ``runner``)."""
+"""The benchmark suite (registry in ``suite``, timing in ``runner``; benchmarks/README.md)."""
 from .runner import format_table, run_suite, write_json, write_plot
 from .suite import SUITE, BenchCase, select_cases
 
