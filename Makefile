@@ -6,10 +6,13 @@ EXTRAS ?= dev
 # pytest workers: one per core. Most of a cold run is single-threaded kernel compiles,
 # which the workers share through the on-disk cache.
 TEST_WORKERS ?= auto
+# The modules the API reference documents (`make docs`, into out/api): the package's public
+# names, and the plan, the precision rule and the golden kit.
+API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision gridsampler3d.golden_kit
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run demo test bench clean
+.PHONY: venv run demo test bench docs clean
 
 venv: $(STAMP)
 
@@ -34,6 +37,9 @@ test: venv
 
 bench: venv
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png
+
+docs: venv
+	$(PY) -m pdoc --output-directory out/api $(API_MODULES)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -47,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("other", type=Path, help="root of the other checkout (holding its gridsampler3d/)")
     parser.add_argument("--cases", default="reg128,feat48",
-                        help="comma-separated SPEC section 8 case names (warp128 runs the fused warp)")
+                        help="comma-separated benchmark case names (warp128 runs the fused warp)")
     parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
     parser.add_argument("--stage", choices=["forward", "backward"], default="backward")
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")

@@ -13,7 +13,7 @@ as soon as it has a result, so that a run cut short still returns everything bef
 3. registers: registers and spills of every kernel compiled so far, from the driver, and
    the launch shapes the tuner chose (``gridsampler3d.gpu.tuning``) with each candidate's time;
 4. correctness: the mode matrix (bicubic included) x layouts, float32 first, then the half
-   types and float64, both backward modes, by the SPEC section 5 rule, until the budget
+   types and float64, both backward modes, by the precision rule, until the budget
    is spent (``check_done`` says how far it got);
 5. determinism: the deterministic mode three times on the heaviest case, bitwise.
 
@@ -42,7 +42,7 @@ from gridsampler3d.bench.runner import machine_info, plumbed_warp  # noqa: E402
 from gridsampler3d.bench.suite import BenchCase, build_inputs  # noqa: E402
 from gridsampler3d.modes import parse_interpolation, parse_padding  # noqa: E402
 
-# GPU sizes: SPEC section 8's cases scaled up so that one launch runs well past launch
+# GPU sizes: the operator's eight benchmark cases scaled up so that one launch runs well past launch
 # overhead, and the cases a GPU needs besides (half types, wide channels-last, a large
 # volume, heavy buckets, bicubic).
 GPU_SUITE = (

@@ -24,7 +24,7 @@ from gridsampler3d.cpu import buffers, tuning
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="near64,bf16,reg128,warp128",
-                        help="comma-separated SPEC section 8 case names (warp128 runs the fused warp)")
+                        help="comma-separated benchmark case names (warp128 runs the fused warp)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=11, help="timed rounds per stage (median)")
     args = parser.parse_args()

@@ -16,3 +16,4 @@ __all__ = ["grid_sampler3d", "grid_sampler3d_backward", "grid_sample", "warp", "
            "integrate_velocity", "explain", "patch_torch", "unpatch_torch", "patched", "is_patched", "available_backends",
            "Interpolation", "Padding", "DataFormat", "DisplacementFormat", "__version__"]
 __version__ = "0.1.0"
+"""The package's version (PEP 440); the build takes it from here."""

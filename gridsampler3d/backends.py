@@ -25,6 +25,7 @@ import torch
 from . import reference
 from .layout import memory_format_of
 from .modes import Interpolation, Padding
+from .rounding import round_once
 
 __all__ = ["BACKENDS", "available_backends", "select_backend", "describe_backends", "auto_choices",
            "cpu_engine", "library_versions", "ReferenceBackend"]
@@ -37,8 +38,18 @@ def _to_float64_numpy(tensor: torch.Tensor):
     return tensor.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
+def _tensor_like(values, like: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    """A float64 array rounded once into a new tensor of ``like``'s dtype and device, in ``memory_format``."""
+    out = torch.empty(values.shape, dtype=like.dtype, device=like.device, memory_format=memory_format)
+    return out.copy_(round_once(torch.from_numpy(values), like.dtype))
+
+
 class ReferenceBackend:
-    """The NumPy float64 golden: computes in float64 on the CPU, rounds once to the dtype."""
+    """The NumPy float64 golden: computes in float64 on the CPU, rounds once to the dtype.
+
+    The grid sampler and the fused warp run the same code: :mod:`.reference`'s warp samples
+    at the displacement's voxel positions with the grid sampler's functions.
+    """
 
     name = "reference"
 
@@ -49,39 +60,36 @@ class ReferenceBackend:
         return True
 
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        y = reference.grid_sampler3d_fwd(_to_float64_numpy(x), _to_float64_numpy(grid),
-                                         interpolation, padding, align_corners)
-        out = torch.empty(y.shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
-        return out.copy_(torch.from_numpy(y))
+        return _sample(reference.grid_sampler3d_fwd, x, grid, interpolation, padding, align_corners)
 
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding,
                  align_corners: bool, output_mask, deterministic: bool):
-        dx, dgrid = reference.grid_sampler3d_bwd(
-            _to_float64_numpy(grad), _to_float64_numpy(x), _to_float64_numpy(grid),
-            interpolation, padding, align_corners, output_mask)
-        if dx is not None:
-            dx = torch.empty_like(x, memory_format=memory_format_of(x)).copy_(torch.from_numpy(dx))
-        if dgrid is not None:
-            dgrid = torch.empty_like(grid, memory_format=torch.contiguous_format).copy_(torch.from_numpy(dgrid))
-        return dx, dgrid
+        return _gradients(reference.grid_sampler3d_bwd, grad, x, grid, torch.contiguous_format, interpolation,
+                          padding, align_corners, output_mask)
 
     def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        y = reference.warp_fwd(_to_float64_numpy(x), _to_float64_numpy(displacement), interpolation, padding,
-                               align_corners)
-        out = torch.empty(y.shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x))
-        return out.copy_(torch.from_numpy(y))
+        return _sample(reference.warp_fwd, x, displacement, interpolation, padding, align_corners)
 
     def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
                       align_corners: bool, output_mask, deterministic: bool):
-        dx, dfield = reference.warp_bwd(_to_float64_numpy(grad), _to_float64_numpy(x),
-                                        _to_float64_numpy(displacement), interpolation, padding, align_corners,
-                                        output_mask)
-        if dx is not None:
-            dx = torch.empty_like(x, memory_format=memory_format_of(x)).copy_(torch.from_numpy(dx))
-        if dfield is not None:
-            dfield = torch.empty_like(displacement, memory_format=memory_format_of(displacement)).copy_(
-                torch.from_numpy(dfield))
-        return dx, dfield
+        return _gradients(reference.warp_bwd, grad, x, displacement, memory_format_of(displacement), interpolation,
+                          padding, align_corners, output_mask)
+
+
+def _sample(golden, x, field, interpolation, padding, align_corners):
+    """``golden`` (``reference.grid_sampler3d_fwd`` or ``warp_fwd``) of ``x`` at ``field`` (a grid or a
+    displacement): y (N, C, Do, Ho, Wo), laid out like ``x``."""
+    y = golden(_to_float64_numpy(x), _to_float64_numpy(field), interpolation, padding, align_corners)
+    return _tensor_like(y, x, memory_format_of(x))
+
+
+def _gradients(golden, grad, x, field, field_format, interpolation, padding, align_corners, output_mask):
+    """``golden`` (``reference.grid_sampler3d_bwd`` or ``warp_bwd``): (dx laid out like ``x``, d field shaped
+    like ``field`` in ``field_format``), None for an output ``output_mask`` leaves out."""
+    dx, dfield = golden(_to_float64_numpy(grad), _to_float64_numpy(x), _to_float64_numpy(field), interpolation,
+                        padding, align_corners, output_mask)
+    return (None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
+            None if dfield is None else _tensor_like(dfield, field, field_format))
 
 
 class _Missing:

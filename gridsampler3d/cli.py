@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="float32 and float64 only")
     check.set_defaults(handler=_check)
 
-    bench = commands.add_parser("bench", help="time forward and backward against PyTorch (SPEC section 8 suite)")
+    bench = commands.add_parser("bench", help="time forward and backward against PyTorch (the benchmark suite)")
     bench.add_argument("--cases", help="comma-separated case names (default: all)")
     bench.add_argument("--threads", help="threads for both libraries, or several counts in turn (1,2); "
                                          "default: torch's setting")

@@ -11,11 +11,9 @@ from __future__ import annotations
 import torch
 
 from .modes import Interpolation, Padding
+from .reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 
 __all__ = ["sample", "warp"]
-
-_INT_MAX = 2**31 - 1
-_INT_MIN = -(2**31)
 
 
 def _reflect(index, twice_low: int, twice_high: int):
@@ -26,7 +24,7 @@ def _reflect(index, twice_low: int, twice_high: int):
     distance = (index - low).abs()
     extra = torch.fmod(distance, span)
     flips = torch.floor(distance / span).detach()
-    odd = (flips <= _INT_MAX) & (torch.fmod(flips, 2) == 1)
+    odd = (flips <= INT_MAX) & (torch.fmod(flips, 2) == 1)
     return torch.where(odd, span - extra + low, extra + low)
 
 
@@ -47,8 +45,8 @@ def _source_index(coord, size: int, padding: Padding, align_corners: bool, voxel
         index = _reflect(index, 0, 2 * (size - 1)) if align_corners else _reflect(index, -1, 2 * size - 1)
     if padding != Padding.ZEROS:
         index = _clip(index, size)
-    bad = ~torch.isfinite(index) | (index > _INT_MAX - 1) | (index < _INT_MIN)
-    return torch.where(bad, torch.full_like(index, -100.0), index)
+    bad = ~torch.isfinite(index) | (index > INT_MAX - 1) | (index < INT_MIN)
+    return torch.where(bad, torch.full_like(index, OUT_OF_RANGE), index)
 
 
 def _unnormalize(coord, size: int, align_corners: bool, voxels: bool = False):
@@ -63,20 +61,17 @@ def _pad_tap(coord, size: int, padding: Padding, align_corners: bool):
         coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
     if padding != Padding.ZEROS:
         coord = _clip(coord, size)
-    bad = ~torch.isfinite(coord) | (coord > _INT_MAX - 1) | (coord < _INT_MIN)
-    return torch.trunc(torch.where(bad, torch.full_like(coord, -100.0), coord))
-
-
-_A = -0.75
+    bad = ~torch.isfinite(coord) | (coord > INT_MAX - 1) | (coord < INT_MIN)
+    return torch.trunc(torch.where(bad, torch.full_like(coord, OUT_OF_RANGE), coord))
 
 
 def _cubic_weights(t):
     """The four cubic convolution weights (taps floor - 1 .. floor + 2) at fraction t."""
     def near(x):
-        return ((_A + 2) * x - (_A + 3)) * x * x + 1
+        return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
 
     def far(x):
-        return ((_A * x - 5 * _A) * x + 8 * _A) * x - 4 * _A
+        return ((CUBIC_A * x - 5 * CUBIC_A) * x + 8 * CUBIC_A) * x - 4 * CUBIC_A
 
     return far(t + 1), near(t), near(1 - t), far(2 - t)
 

@@ -34,6 +34,7 @@ __all__ = ["DTYPES", "CASE_SET", "CaseSpec", "Case", "CaseFileError", "dtype_nam
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
+"""The case set's dtypes by the names that case.json and the folder names use."""
 INPUTS = ("grad", "input", "grid")
 # A uniform grid reaches this far past [-1, 1] on every side, so that every padding rule acts.
 GRID_BOUND = 1.2
@@ -63,9 +64,6 @@ class CaseSpec:
     output_size: tuple[int, int, int]
 
 
-# The fixed order of the set. The first 18 entries cover every (mode, padding, align_corners)
-# once and every (mode, grid kind) twice; the last six add sizes of 1, larger volumes and float16
-# tricubic on non-finite grid values. Dtypes take turns along the order (see case_set).
 CASE_SET = (
     CaseSpec("bilinear", "zeros", False, "NCDHW", "uniform", 1, 2, (5, 6, 7), (4, 5, 3)),
     CaseSpec("nearest", "zeros", False, "NCDHW", "far", 2, 3, (3, 5, 7), (3, 4, 5)),
@@ -92,6 +90,9 @@ CASE_SET = (
     CaseSpec("bilinear", "reflection", True, "NCDHW", "far", 1, 2, (1, 3, 1), (2, 3, 2)),
     CaseSpec("bilinear", "zeros", False, "NCDHW", "uniform", 1, 3, (11, 9, 13), (8, 7, 9)),
 )
+"""The case set, in its fixed order. The first 18 entries cover every (mode, padding, align_corners)
+once and every (mode, grid kind) twice; the last six add sizes of 1, larger volumes and float16
+tricubic on non-finite grid values. Dtypes take turns along the order (see :func:`case_set`)."""
 
 
 @dataclass(frozen=True)

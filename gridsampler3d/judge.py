@@ -12,6 +12,7 @@ import torch
 
 from . import precision
 from .golden_kit import Case, dtype_name
+from .rounding import HALF_DTYPES
 
 __all__ = ["OUTPUTS", "judge", "passed", "format_report", "to_json"]
 
@@ -63,7 +64,7 @@ def _sources(case: Case) -> str:
         competitor = "the differentiable torch composite"
     else:
         golden, competitor = "PyTorch CPU in float64 on the upcast inputs", "PyTorch CPU"
-    if case.dtype in (torch.float16, torch.bfloat16):
+    if case.dtype in HALF_DTYPES:
         competitor += f" in float32 on the upcast inputs, rounded to {name}"
     else:
         competitor += f" in {name}"

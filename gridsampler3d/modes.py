@@ -63,7 +63,7 @@ def _parse_enum(value, enum_type, what: str):
             return enum_type[value.strip().upper()]
         except KeyError:
             raise ValueError(f"{what} must be one of {names}; got {value!r}") from None
-    if isinstance(value, int) or _is_integer_scalar(value):
+    if isinstance(value, int) or _is_numpy_scalar(value, "iu"):
         try:
             return enum_type(int(value))
         except ValueError:
@@ -71,9 +71,23 @@ def _parse_enum(value, enum_type, what: str):
     raise TypeError(f"{what} must be a str or an int ({names}); got {type(value).__name__} {value!r}")
 
 
-def _is_integer_scalar(value) -> bool:
-    # NumPy integer scalars (np.int64(1)) are as good as Python ints here.
-    return hasattr(value, "dtype") and getattr(value, "shape", None) == () and value.dtype.kind in "iu"
+def _parse_format(value, format_type, what: str):
+    """A layout name (case-insensitive str) or a member of ``format_type`` → that member."""
+    if isinstance(value, format_type):
+        return value
+    names = " or ".join(repr(member.value) for member in format_type)
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be the str {names}; got {type(value).__name__} {value!r}")
+    try:
+        return format_type(value.strip().upper())
+    except ValueError:
+        raise ValueError(f"{what} must be {names}; got {value!r}") from None
+
+
+def _is_numpy_scalar(value, kinds: str) -> bool:
+    """Whether ``value`` is a NumPy scalar (or 0-d array) of a dtype kind in ``kinds``: np.int64(1) is as good
+    as 1 here, np.bool_(True) as True."""
+    return hasattr(value, "dtype") and getattr(value, "shape", None) == () and value.dtype.kind in kinds
 
 
 def parse_interpolation(value) -> Interpolation:
@@ -88,32 +102,16 @@ def parse_padding(value) -> Padding:
 
 def parse_data_format(value) -> DataFormat:
     """``"NCDHW"`` or ``"NDHWC"`` (case-insensitive) → :class:`DataFormat`."""
-    if isinstance(value, DataFormat):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"data_format must be the str 'NCDHW' or 'NDHWC'; got {type(value).__name__} {value!r}")
-    try:
-        return DataFormat(value.strip().upper())
-    except ValueError:
-        raise ValueError(f"data_format must be 'NCDHW' or 'NDHWC'; got {value!r}") from None
+    return _parse_format(value, DataFormat, "data_format")
 
 
 def parse_displacement_format(value) -> DisplacementFormat:
     """``"N3DHW"`` or ``"NDHW3"`` (case-insensitive) → :class:`DisplacementFormat`."""
-    if isinstance(value, DisplacementFormat):
-        return value
-    if not isinstance(value, str):
-        raise TypeError(f"displacement_format must be the str 'N3DHW' or 'NDHW3'; got {type(value).__name__} "
-                        f"{value!r}")
-    try:
-        return DisplacementFormat(value.strip().upper())
-    except ValueError:
-        raise ValueError(f"displacement_format must be 'N3DHW' or 'NDHW3'; got {value!r}") from None
+    return _parse_format(value, DisplacementFormat, "displacement_format")
 
 
 def _is_bool(value) -> bool:
-    return isinstance(value, bool) or (hasattr(value, "dtype") and getattr(value, "shape", None) == ()
-                                       and value.dtype.kind == "b")
+    return isinstance(value, bool) or _is_numpy_scalar(value, "b")
 
 
 def parse_align_corners(value) -> bool:

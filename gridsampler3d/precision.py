@@ -1,4 +1,4 @@
-"""The precision rule of SPEC.md section 5, shared by the tests, ``check`` and the benchmarks.
+"""The precision rule (docs/semantics.md), shared by the tests, ``check`` and the benchmarks.
 
 Golden: PyTorch's CPU ``aten::grid_sampler_3d{,_backward}`` in float64 on the upcast
 inputs. Competitor: the same op in the output dtype (for float16/bfloat16: in float32 on
@@ -23,14 +23,16 @@ import torch
 
 from . import composite, reference
 from .layout import from_ncdhw, to_ncdhw
-from .rounding import round_once
+from .rounding import HALF_DTYPES, round_once
 from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
            "golden_backward", "competitor_forward", "competitor_backward"]
 
 FLOORS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-14, torch.float64: 2.0**-30}
+"""Small-value floor per dtype: a relative error is ``|out - golden| / max(|golden|, floor)``."""
 RATIOS = (2.0, 1.2, 1.2)
+"""The most ours may be of the competitor's (MARE, MERE, RMSE) to pass."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ def golden_backward(grad, input, grid, interpolation_mode="bilinear", padding_mo
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def competitor_forward(input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,

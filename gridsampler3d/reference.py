@@ -1,8 +1,8 @@
 """NumPy float64 golden for 3-D grid sampling, forward and backward.
 
 Readable and vectorised over output points, independent of torch. It reproduces the
-semantics of PyTorch's CPU ``grid_sampler_3d`` / ``grid_sampler_3d_backward`` (SPEC.md
-section 3) including the non-finite rules; ``dx`` is even accumulated in the same order
+semantics of PyTorch's CPU ``grid_sampler_3d`` / ``grid_sampler_3d_backward``
+(docs/semantics.md) including the non-finite rules; ``dx`` is even accumulated in the same order
 (point by point, tap by tap), so it is bitwise equal to PyTorch's float64 result.
 
 All arrays are float64 in NCDHW layout:
@@ -27,11 +27,14 @@ from .modes import Interpolation, Padding
 __all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd", "warp_positions", "source_index",
            "cubic_coefficients", "cubic_slopes", "pad_tap"]
 
+# The numbers of the rules, here once: the engines' coordinate rules (cpu/coords.py,
+# gpu/coords.py) and the torch composite take them from this module.
 INT_MAX = 2**31 - 1
 INT_MIN = -(2**31)
 # A coordinate that cannot be used (NaN, inf, beyond int range) becomes this, so that
 # every tap lands out of bounds; -100 has no meaning beyond that.
 OUT_OF_RANGE = -100.0
+CUBIC_A = -0.75  # the cubic convolution constant of PyTorch's (and OpenCV's) bicubic
 # Cap on the entries of the per-chunk (channels x points x taps) scatter arrays.
 _SCATTER_CHUNK = 1 << 24
 
@@ -166,9 +169,6 @@ def _nearest_taps(index, sizes) -> Taps:
     offset, valid = _voxel_taps(np.rint(index).astype(np.int64), sizes)
     points = index.shape[0]
     return Taps(offset[:, None], valid[:, None], np.ones((points, 1)), np.ones((points, 1, 3)), np.zeros((1, 1, 3)))
-
-
-CUBIC_A = -0.75  # the cubic convolution constant of PyTorch's (and OpenCV's) bicubic
 
 
 def cubic_coefficients(t):

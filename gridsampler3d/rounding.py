@@ -1,17 +1,23 @@
-"""Rounding a float64 result into its output dtype exactly once (SPEC section 4).
+"""Rounding: a float64 result into its output dtype exactly once, and a float64 index to the nearest integer.
 
 torch converts float64 to float16 and bfloat16 through float32, which rounds twice: a
 value just above a half-precision tie lands on the tie in float32, then rounds to even.
 Every engine's half-precision output goes through :func:`round_once` instead, and the
-precision rule rounds the golden with it.
+precision rule rounds the golden with it (docs/semantics.md, "Dtypes").
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["round_once"]
+__all__ = ["HALF_DTYPES", "ROUNDER", "round_once"]
 
-_HALF = (torch.float16, torch.bfloat16)
+# The half-precision dtypes: computed in float32 or better, their sums rounded once.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# 1.5 * 2**52: (x + ROUNDER) - ROUNDER is float64 x rounded to the nearest integer, ties to
+# even (C nearbyint, nearest mode's rule), for |x| < 2**51, which every index is once out
+# of range ones are replaced; cheaper than rint. The engines' kernels take it in as a constant.
+ROUNDER = 1.5 * 2**52
 
 
 def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -22,7 +28,7 @@ def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     significand holds more than the two extra bits that makes exact for both half types.
     Same shape, device and memory format as ``values``.
     """
-    if values.dtype != torch.float64 or dtype not in _HALF:
+    if values.dtype != torch.float64 or dtype not in HALF_DTYPES:
         return values.to(dtype)
     single = values.to(torch.float32)  # to nearest
     back = single.to(torch.float64)

@@ -1,4 +1,4 @@
-"""Input checks for the public API (SPEC.md section 6).
+"""Input checks for the public API (docs/semantics.md, "Errors").
 
 Each check raises one ``TypeError`` or ``ValueError`` whose message names the tensor, the
 expected value and the actual one. Inputs may be torch tensors or NumPy arrays; the

@@ -13,14 +13,23 @@ import pytest  # noqa: E402
 import gridsampler3d as gs  # noqa: E402
 from gridsampler3d.cpu import tuning  # noqa: E402
 
-# The CPU engine runs a small call as one part; the tests' volumes are small, and are to
-# exercise the split into parts that a large call takes (test_cpu checks the default).
+# The CPU engine runs a call with fewer output values than this as one part on the calling
+# thread (test_cpu checks that route and this threshold).
 DEFAULT_PARALLEL_VALUES = tuning.PARALLEL_VALUES
-tuning.PARALLEL_VALUES = 0
 
 CPU_BACKENDS = [name for name in gs.available_backends()
                 if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(
                     torch.device("cpu")))]
+
+
+@pytest.fixture
+def split_small_calls(monkeypatch):
+    """Split even a small call into parts on the engine's threads, as a large call is split.
+
+    For the modules that check, on the small volumes tests can afford, what the split does:
+    results against the golden and across thread counts, every element written.
+    """
+    monkeypatch.setattr(tuning, "PARALLEL_VALUES", 0)
 
 
 @pytest.fixture

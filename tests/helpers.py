@@ -37,7 +37,7 @@ def make_case(batch=2, channels=3, in_size=(5, 6, 7), out_size=(4, 5, 3), dtype=
 
 def assert_backward_matches(grad, x, grid, mode="bilinear", padding="zeros", align_corners=False,
                             data_format="NCDHW", backend="auto", output_mask=(True, True), label="", **extra):
-    """Run the library's backward and assert the SPEC section 5 rule on each output asked for."""
+    """Run the library's backward and assert the precision rule (docs/semantics.md) on each output asked for."""
     dtype = torch.as_tensor(x).dtype
     dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, output_mask=output_mask,
                                            data_format=data_format, backend=backend, **extra)
@@ -58,7 +58,7 @@ def assert_backward_matches(grad, x, grid, mode="bilinear", padding="zeros", ali
 
 def assert_forward_matches(x, grid, mode="bilinear", padding="zeros", align_corners=False, data_format="NCDHW",
                            backend="auto", label=""):
-    """Run the library's forward and assert the SPEC section 5 rule."""
+    """Run the library's forward and assert the precision rule."""
     dtype = torch.as_tensor(x).dtype
     y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend=backend)
     golden = precision.golden_forward(x, grid, mode, padding, align_corners, data_format)
@@ -101,7 +101,7 @@ def _warp_by_hand(volume, displacement, mode, padding, align_corners, data_forma
 def competitor_warp(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
                     data_format="NCDHW", displacement_format="N3DHW"):
     """(y, dvolume, ddisplacement) of :func:`_warp_by_hand` in the compute dtype (half types: float32 on
-    the upcast inputs), rounded back: the SPEC section 5 competitor of the fused warp."""
+    the upcast inputs), rounded back: the precision rule's competitor of the fused warp."""
     dtype = volume.dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     volume = volume.detach().cpu().to(compute).requires_grad_(True)
@@ -115,7 +115,7 @@ def competitor_warp(grad, volume, displacement, mode="bilinear", padding="border
 def assert_warp_matches(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
                         data_format="NCDHW", displacement_format="N3DHW", backend="auto", output_mask=(True, True),
                         label="", **extra):
-    """Run the library's warp3d and warp3d_backward and assert the SPEC section 5 rule on y, dvolume and
+    """Run the library's warp3d and warp3d_backward and assert the precision rule on y, dvolume and
     ddisplacement (the golden: the float64 reference; the competitor: :func:`competitor_warp`)."""
     dtype = volume.dtype
     formats = dict(data_format=data_format, displacement_format=displacement_format)

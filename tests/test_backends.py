@@ -1,6 +1,9 @@
 """The backend registry: module layering, the `backends` command, and the warning when "auto" falls back."""
 import ast
 import importlib.metadata
+import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -35,14 +38,43 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in names if name.split(".")[0] == "gridsampler3d"}
 
 
-def test_import_scan_sees_relative_imports():
-    assert {"gridsampler3d.layout", "gridsampler3d.layout.memory_format_of"} <= _imported_modules(
-        PACKAGE / "cpu" / "engine.py")
-
-
 @pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
 def test_engines_never_import_the_registry(path):
+    """Not even inside a function (where a cycle would show only when the import runs)."""
     assert not _imported_modules(path) & ABOVE_THE_ENGINES
+
+
+# Imports each engine module in turn into a process where the package is a bare namespace (its
+# __init__, which imports the registry and the API, never runs) and prints, per module, the
+# modules above the engines loaded by then.
+IMPORT_THE_ENGINES_ALONE = """
+import importlib, json, sys, types
+
+package = types.ModuleType("gridsampler3d")
+package.__path__ = [sys.argv[1]]
+sys.modules["gridsampler3d"] = package
+above = set(sys.argv[2].split(","))
+loaded = {}
+for name in sys.argv[3:]:
+    importlib.import_module(name)
+    loaded[name] = sorted(above & set(sys.modules))
+print(json.dumps({"loaded": loaded, "package_intact": sys.modules["gridsampler3d"] is package}))
+"""
+
+
+def test_importing_the_engines_loads_nothing_above_them():
+    """Each engine module imports, with everything it needs, before the registry or the API exists."""
+    modules = [".".join(("gridsampler3d", path.parent.name, path.stem)).removesuffix(".__init__")
+               for path in ENGINE_FILES]
+    above = ",".join(sorted(ABOVE_THE_ENGINES - {"gridsampler3d"}))
+    result = subprocess.run([sys.executable, "-c", IMPORT_THE_ENGINES_ALONE, str(PACKAGE), above, *modules],
+                            cwd=PACKAGE.parent, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["package_intact"]
+    assert list(report["loaded"]) == modules
+    pulling = {name: loaded for name, loaded in report["loaded"].items() if loaded}
+    assert not pulling, f"importing the engines loads modules above them: {pulling}"
 
 
 @pytest.fixture

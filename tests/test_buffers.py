@@ -7,6 +7,9 @@ import torch
 import gridsampler3d as gs
 from gridsampler3d.cpu import buffers, tuning
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 
 @pytest.fixture(autouse=True)
 def empty_cache(monkeypatch):

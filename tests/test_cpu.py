@@ -25,6 +25,9 @@ from gridsampler3d.cpu.records import Carry, Geometry, Outputs, RowRanges
 from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 
 def _with_nonfinite(grad, x, grid):
     grid.view(-1)[::7] = float("nan")

@@ -340,11 +340,30 @@ def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
         assert "cvt.rn.f32.f64" not in record["conversions"], record["conversions"]
 
 
-def test_check_runs_triton_in_both_modes():
-    from gridsampler3d.check import _variants
+def test_check_judges_each_triton_mode_against_the_golden(monkeypatch):
+    """`gridsampler3d check` runs Triton's backward fast and deterministic and judges each on its own: both pass
+    against the golden, and a fault in the deterministic mode's dx fails that mode's rows alone."""
+    from gridsampler3d import check
 
-    assert _variants(["numba", "triton"]) == [("numba", "numba", None), ("triton/fast", "triton", False),
-                                             ("triton/det", "triton", True)]
+    for attribute, values in (("MODES", ("bilinear",)), ("PADDINGS", ("border",)), ("ALIGN_CORNERS", (False,)),
+                              ("LAYOUTS", ("NCDHW",))):
+        monkeypatch.setattr(check, attribute, values)  # one case per dtype: the interpreter is slow
+    rows = check.run_check(DEVICE, backends=["triton"], quick=True, echo=lambda line: None)
+    assert sorted(row["backend"] for row in rows) == ["triton/det"] * 2 + ["triton/fast"] * 2
+    assert all(row["passed"] for row in rows), [row["failures"] or row["error"] for row in rows]
+
+    triton = BACKENDS["triton"]
+    backward = triton.backward
+
+    def deterministic_dx_off_by_a_little(*arguments):
+        dx, dgrid = backward(*arguments)
+        deterministic = arguments[-1]
+        return (dx * 1.01 if deterministic else dx), dgrid
+
+    monkeypatch.setattr(triton, "backward", deterministic_dx_off_by_a_little)
+    rows = check.run_check(DEVICE, backends=["triton"], quick=True, echo=lambda line: None)
+    assert all(row["passed"] == (row["backend"] == "triton/fast") for row in rows), rows
+    assert all(failure.startswith("dx: FAIL") for row in rows for failure in row["failures"])
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the dry run is for machines without a GPU")

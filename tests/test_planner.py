@@ -12,8 +12,7 @@ from gridsampler3d.cpu import executors, tuning
 from gridsampler3d.cpu.planner import Call, DxPass, GridPass, Stage, Strategy, facts_needed, make_plan
 from gridsampler3d.modes import Interpolation, Padding
 
-# Enough output values to run on several threads (conftest lowers the threshold for the
-# whole suite; the planner reads it at each call).
+# Enough output values to run on several threads (tuning.PARALLEL_VALUES).
 LARGE = (32, 32, 32)
 
 
@@ -26,12 +25,6 @@ def backward(**fields) -> Call:
 def forward(**fields) -> Call:
     fields = {"batch": 1, "channels": 4, "sizes": LARGE, "out_sizes": LARGE, "smooth": True, **fields}
     return Call(stage=Stage.FORWARD, **fields)
-
-
-@pytest.fixture(autouse=True)
-def default_threshold(monkeypatch):
-    from conftest import DEFAULT_PARALLEL_VALUES
-    monkeypatch.setattr(tuning, "PARALLEL_VALUES", DEFAULT_PARALLEL_VALUES)
 
 
 def test_a_small_call_runs_on_the_calling_thread():

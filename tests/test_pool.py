@@ -18,6 +18,9 @@ from gridsampler3d.cpu import pool
 from gridsampler3d.cpu.slabs import looks_coherent
 from helpers import make_case
 
+# The engine splits even these small calls into parts on its threads, as it splits a large one.
+pytestmark = pytest.mark.usefixtures("split_small_calls")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -1,6 +1,16 @@
-"""Every example in README.md runs: the Python blocks as written, the command lines through the CLI's parser."""
+"""Every example in README.md runs and prints what the README shows; its command lines parse; its layout of the
+code names every module.
+
+A ```python block directly followed by a ```text block prints that text (``...`` in it stands for any
+text, and runs of white space compare equal); a ```python block with no ```text block after it prints
+nothing.
+"""
+import contextlib
+import doctest
+import io
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -9,24 +19,50 @@ from gridsampler3d import cli
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
-def _blocks():
-    """(language, text) of each fenced block, in order."""
-    blocks, language, lines = [], None, []
-    for line in README.splitlines():
-        if line.startswith("```") and language is None:
-            language, lines = line[3:].strip(), []
+class Block(NamedTuple):
+    language: str
+    text: str
+    line: int  # of the opening fence, 1-based
+    end: int  # of the closing fence
+
+
+class Example(NamedTuple):
+    code: str
+    line: int
+    output: str | None  # what the README shows it prints, None where it shows nothing
+
+
+def _blocks() -> list[Block]:
+    """Each fenced block, in order."""
+    blocks, opened, language, lines = [], None, None, []
+    for number, line in enumerate(README.splitlines(), start=1):
+        if line.startswith("```") and opened is None:
+            opened, language, lines = number, line[3:].strip(), []
         elif line.startswith("```"):
-            blocks.append((language, "\n".join(lines) + "\n"))
-            language = None
-        elif language is not None:
+            blocks.append(Block(language, "\n".join(lines) + "\n", opened, number))
+            opened = None
+        elif opened is not None:
             lines.append(line)
     return blocks
 
 
-PYTHON_BLOCKS = [text for language, text in _blocks() if language == "python" and "onnxruntime" not in text]
+def _examples() -> list[Example]:
+    """The ```python blocks, each with the ```text block that follows it (blank lines apart at most)."""
+    blocks, examples = _blocks(), []
+    readme_lines = README.splitlines()
+    for block, after in zip(blocks, blocks[1:] + [None]):
+        if block.language != "python":
+            continue
+        follows = (after is not None and after.language == "text"
+                   and not any(line.strip() for line in readme_lines[block.end:after.line - 1]))
+        examples.append(Example(block.text, block.line, after.text if follows else None))
+    return examples
+
+
 # The "Deploy with ONNX" example stands alone: it needs the onnx extra, which the test extra leaves out.
-ONNX_BLOCKS = [text for language, text in _blocks() if language == "python" and "onnxruntime" in text]
-PLAIN_BLOCKS = [text for language, text in _blocks() if language == ""]
+PYTHON_EXAMPLES = [example for example in _examples() if "onnxruntime" not in example.code]
+ONNX_EXAMPLES = [example for example in _examples() if "onnxruntime" in example.code]
+PLAIN_BLOCKS = [block.text for block in _blocks() if block.language == ""]
 
 
 def _command_lines():
@@ -40,22 +76,36 @@ def _command_lines():
     return lines
 
 
-def test_readme_has_examples():
-    assert len(PYTHON_BLOCKS) >= 2 and len(ONNX_BLOCKS) == 1 and len(_command_lines()) >= 4
+def _run(example: Example, namespace: dict) -> None:
+    """Run ``example`` in ``namespace`` and compare what it prints with what the README shows."""
+    printed = io.StringIO()
+    # Blank lines first, so that a traceback names the example's line in README.md.
+    code = compile("\n" * example.line + example.code, "README.md", "exec")
+    with contextlib.redirect_stdout(printed):
+        exec(code, namespace)  # noqa: S102 - the README's own examples
+    where = f"README.md, the example at line {example.line}"
+    if example.output is None:
+        assert not printed.getvalue(), f"{where} prints what the README does not show:\n{printed.getvalue()}"
+    else:
+        matches = doctest.OutputChecker().check_output(example.output, printed.getvalue(),
+                                                       doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert matches, f"{where} prints\n{printed.getvalue()}\nwhere the README shows\n{example.output}"
 
 
-def test_python_examples_run_in_order():
+def test_python_examples_run_in_order_and_print_what_the_readme_shows():
+    """One namespace for all of them: each example builds on the ones before it, as a reader runs them."""
     namespace = {}
-    for block in PYTHON_BLOCKS:
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own examples
+    for example in PYTHON_EXAMPLES:
+        _run(example, namespace)
 
 
-def test_onnx_example_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("example", ONNX_EXAMPLES, ids=lambda example: f"line-{example.line}")
+def test_onnx_example_runs(example, tmp_path, monkeypatch):
     """The "Deploy with ONNX" example, on its own, in a scratch directory (it writes warp.onnx)."""
     for module in ("onnx", "onnxruntime", "onnxscript"):
         pytest.importorskip(module, reason=f"the ONNX example needs {module} (the 'onnx' extra)")
     monkeypatch.chdir(tmp_path)
-    exec(compile(ONNX_BLOCKS[0], "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    _run(example, {})
     assert (tmp_path / "warp.onnx").exists()
 
 

@@ -1,7 +1,8 @@
-"""Rounding float64 into half precision once (SPEC section 4)."""
+"""Rounding float64 into half precision once (docs/semantics.md, "Dtypes")."""
 import pytest
 import torch
 
+import gridsampler3d as gs
 from gridsampler3d.rounding import round_once
 
 
@@ -38,3 +39,16 @@ def test_other_conversions_are_plain():
     values = torch.randn(5, dtype=torch.float64)
     assert torch.equal(round_once(values, torch.float32), values.to(torch.float32))
     assert round_once(values, torch.float64) is values or torch.equal(round_once(values, torch.float64), values)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_a_dx_just_above_a_float16_tie_rounds_up(backend):
+    """Three points on one voxel add 1 + 2^-11 + 2^-24 into its dx: a hair above the float16 tie between 1 and
+    1 + 2^-10, which it rounds up to. Through float32 the sum would land on the tie (float32 holds no 2^-24 there)
+    and round to even, 1."""
+    x = torch.zeros(1, 1, 1, 1, 2, dtype=torch.float16)
+    grid = torch.zeros(1, 1, 1, 3, 3, dtype=torch.float16)
+    grid[..., 0] = -1.0  # with align_corners, voxel 0 along W; the single voxel along D and H
+    grad = torch.tensor([1.0, 2.0 ** -11, 2.0 ** -24], dtype=torch.float16).view(1, 1, 1, 1, 3)
+    dx, _ = gs.grid_sampler3d_backward(grad, x, grid, "nearest", "zeros", True, backend=backend)
+    assert dx.flatten().tolist() == [1.0 + 2.0 ** -10, 0.0]

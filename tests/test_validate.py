@@ -1,4 +1,4 @@
-"""Every bad input of SPEC section 6 gets a clear error naming the tensor, expected and actual."""
+"""Every bad input (docs/semantics.md, "Errors") gets a clear error naming the tensor, expected and actual."""
 import numpy as np
 import pytest
 import torch

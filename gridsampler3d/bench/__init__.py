@@ -1,5 +1,5 @@
-"""The benchmark suite (registry in ``suite``, timing in ``runner``): the operator's cases, the shapes users bring,
-the warp step and tricubic sampling, each timed against PyTorch in the same process."""
+"""The benchmark suite (registry in ``suite``, timing in ``runner``; benchmarks/README.md): the operator's cases,
+the shapes users bring, the warp step and tricubic sampling, each timed against PyTorch in the same process."""
 from .runner import format_document, format_table, run_suite, write_json, write_plot
 from .suite import SUITE, BenchCase, select_cases
 

@@ -1,4 +1,4 @@
-"""The benchmark registry: the operator's suite (docs/semantics.md), the shapes users bring, the warp step and
+"""The benchmark registry: the operator's eight cases, the shapes users bring, the warp step and
 tricubic sampling; one entry per case."""
 from __future__ import annotations
 

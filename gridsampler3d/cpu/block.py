@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .coords import ROUNDER, ZEROS, source_index
+from ..rounding import ROUNDER
+from .coords import ZEROS, source_index
 from .jit import borrowed, helper, part_rows
 from .records import AXIS_TAPS, Cells, Operand
 from .tuning import BLOCK

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..modes import Interpolation, Padding
+from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 from .jit import helper
 
-INT_MAX = 2147483647
-INT_MIN = -2147483648
-OUT_OF_RANGE = -100.0
-
-# Small ints that travel into the kernels (the values of modes.Interpolation / Padding).
-BILINEAR, NEAREST = 0, 1
-ZEROS, BORDER, REFLECTION = 0, 1, 2
+# The modes as the plain ints the kernels compare with (a Numba kernel takes in a global's value).
+BILINEAR, NEAREST = int(Interpolation.BILINEAR), int(Interpolation.NEAREST)
+ZEROS, BORDER, REFLECTION = int(Padding.ZEROS), int(Padding.BORDER), int(Padding.REFLECTION)
 
 # The rules below are helpers (jit.py): LLVM inlines them into each kernel, where they fold
 # with the kernel's compile-time modes; Numba's IR inliner would cost several times the compile time.
@@ -110,14 +108,7 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, voxel
     return to_safe_range(index), multiplier, resolved
 
 
-# 1.5 * 2**52: x + ROUNDER - ROUNDER is x rounded to the nearest integer, ties to even (as C
-# nearbyint), for |x| < 2**51, which every index is after to_safe_range; cheaper than rint.
-ROUNDER = 6755399441055744.0
-
-
 # ---- bicubic: padding applies to each tap, the point's index is only unnormalised ----
-
-CUBIC_A = -0.75
 
 
 @helper

@@ -107,9 +107,12 @@ def gathers_in_use() -> bool:
 
 @functools.cache
 def _engine_sources() -> str:
-    """A digest of the CPU engine's source files: the helpers that every kernel inlines live in them."""
+    """A digest of the CPU engine's source files (the helpers that every kernel inlines live in them) and of
+    the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding)."""
     digest = hashlib.sha256()
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+    engine = pathlib.Path(__file__).parent
+    shared = [engine.parent / name for name in ("modes.py", "reference.py", "rounding.py")]
+    for path in [*sorted(engine.glob("*.py")), *shared]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

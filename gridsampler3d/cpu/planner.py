@@ -22,14 +22,16 @@ import functools
 import math
 
 from ..modes import Interpolation, Padding
+from ..rounding import HALF_DTYPES
 from . import tuning
 
 __all__ = ["Call", "DxPass", "GridPass", "Plan", "Stage", "Strategy", "facts_needed", "make_plan"]
 
-_HALF = ("float16", "bfloat16")
+_HALF = tuple(str(dtype).removeprefix("torch.") for dtype in HALF_DTYPES)  # as Call.dtype names them
 
 
 class Stage(enum.Enum):
+    """The pass a call runs: the forward (y) or the backward (dx and the grid gradient)."""
     FORWARD = "forward"
     BACKWARD = "backward"
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..rounding import ROUNDER
 from .block import borrow
-from .coords import NEAREST, REFLECTION, ROUNDER, source_index, unnormalize
+from .coords import NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .records import RowRanges
 from .tuning import BLOCK

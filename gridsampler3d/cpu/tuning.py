@@ -9,7 +9,6 @@ VECTOR_CHANNELS = 4
 # structure-of-arrays scratch, about 30 arrays of this many 8-byte entries per thread,
 # stays in the L1 cache.
 BLOCK = 128
-PLAN_SAMPLES = 1 << 16
 
 # Output rows shorter than a block are walked several at a time, as one row of at most
 # this many points, where the strides allow (engine._long_rows): the blocks fill and

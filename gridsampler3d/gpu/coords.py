@@ -14,22 +14,26 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-INT_MAX = tl.constexpr(2147483647)
-INT_MIN = tl.constexpr(-2147483648)
-OUT_OF_RANGE = tl.constexpr(-100.0)
-# 1.5 * 2**52: (x + ROUNDER) - ROUNDER rounds x to the nearest integer, ties to even (C
-# nearbyint), for |x| < 2**51, which every index is after safe_range.
-ROUNDER = tl.constexpr(6755399441055744.0)
+from ..modes import Interpolation, Padding
+from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
+from ..rounding import ROUNDER
+
+# The shared numbers as constexprs: a Triton kernel reads no other globals.
+INT_MAX = tl.constexpr(INT_MAX)
+INT_MIN = tl.constexpr(INT_MIN)
+OUT_OF_RANGE = tl.constexpr(OUT_OF_RANGE)
+CUBIC_A = tl.constexpr(CUBIC_A)
+ROUNDER = tl.constexpr(ROUNDER)
 
 # Triton's interpreter has no libdevice; its % on floats is NumPy's fmod, which is C fmod.
 INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 # The values of modes.Interpolation / Padding, as compile-time constants.
-BILINEAR = tl.constexpr(0)
-NEAREST = tl.constexpr(1)
-ZEROS = tl.constexpr(0)
-BORDER = tl.constexpr(1)
-REFLECTION = tl.constexpr(2)
+BILINEAR = tl.constexpr(Interpolation.BILINEAR.value)
+NEAREST = tl.constexpr(Interpolation.NEAREST.value)
+ZEROS = tl.constexpr(Padding.ZEROS.value)
+BORDER = tl.constexpr(Padding.BORDER.value)
+REFLECTION = tl.constexpr(Padding.REFLECTION.value)
 
 
 @triton.jit
@@ -242,14 +246,15 @@ def unnormalize(coord, size, origin, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.con
     return ((coord + 1.0) * extent - 1.0) * 0.5, tl.zeros_like(coord) + extent * 0.5
 
 
-# The cubic convolution constant A = -0.75 is a local in each helper: a constexpr global on
-# the left of an operation with a tensor does not evaluate under the interpreter.
+# The cubic convolution constant is a local ``a`` in each helper, every operation with a
+# tensor written tensor first: a constexpr on the left of an operation with a tensor does
+# not evaluate under the interpreter.
 
 
 @triton.jit
 def cubic_weight(t, STEP: tl.constexpr):
     """Cubic convolution weight (A = -0.75) of tap floor - 1 + STEP at fraction ``t``, PyTorch's evaluation."""
-    a = -0.75
+    a = CUBIC_A
     if STEP == 0:
         x = t + 1.0
         return ((x * a - a * 5) * x + a * 8) * x - a * 4
@@ -273,7 +278,7 @@ def cubic_weight_at(t, step):
 @triton.jit
 def cubic_slope(t, STEP: tl.constexpr):
     """d weight / d t of :func:`cubic_weight` (PyTorch's gradient coefficient, negated)."""
-    a = -0.75
+    a = CUBIC_A
     if STEP == 0:
         x = -1.0 - t
         return -((x * (a * -3) - a * 10) * x - a * 8)

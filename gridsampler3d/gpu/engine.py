@@ -3,7 +3,7 @@
 Runs on CUDA tensors, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``
 set before Triton is imported), which is how the kernels are tested without a GPU.
 float16 and bfloat16 accumulate in float32 in the forward and in the fast (atomic) dx, and
-in float64, rounded once, in the deterministic dx (SPEC section 4); float32 in float32;
+in float64, rounded once, in the deterministic dx (docs/semantics.md, "Dtypes"); float32 in float32;
 float64 in float64. Indices and weights are computed in float64 throughout.
 
 The fused warp runs the same kernels with ``VOXELS``: they read the displacement in place
@@ -20,7 +20,7 @@ import os
 import torch
 
 from ..layout import memory_format_of
-from ..rounding import round_once
+from ..rounding import HALF_DTYPES, round_once
 from ..modes import Interpolation, Padding
 from . import tuning
 
@@ -47,15 +47,12 @@ _BUCKET_CHUNK = 256
 _BICUBIC_CHUNK_ENTRIES = 1 << 26
 
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
 def _accumulator(dtype: torch.dtype, exact_half: bool = False):
     """Triton dtype of sums for data of ``dtype``: float64 for float64, and for half types
-    where ``exact_half`` (a sum rounded to half precision once: SPEC section 4); else float32."""
+    where ``exact_half`` (a sum rounded to half precision once: docs/semantics.md, "Dtypes"); else float32."""
     import triton.language as tl
 
-    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in _HALF) else tl.float32
+    return tl.float64 if dtype == torch.float64 or (exact_half and dtype in HALF_DTYPES) else tl.float32
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
