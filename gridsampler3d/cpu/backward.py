@@ -4,7 +4,7 @@ Per block of one output row, phase A (:mod:`.block`) computes coordinates, weigh
 tap offsets with the points as SIMD lanes. The grid gradient then gathers every channel's
 taps across the same lanes, summing channels outer and taps inner in float64, PyTorch's
 order. Phase B walks the block's points in order and adds their taps into dx, each
-thread only into the (n, z) planes it owns (:mod:`.plan`), with a branch-free path for
+thread only into the (n, z) planes it owns (:mod:`.slabs`), with a branch-free path for
 points whose eight taps all land there. Kernels are built per (interpolation, padding,
 align_corners), compiled on first use and cached on disk.
 """

@@ -50,7 +50,7 @@ def unsigned(index):
     Only the final index is cast: unsigned arithmetic mixed with signed would give float64.
     Used where measured to pay (docs/cpu.md): the taps' gathers and the dx scatter. The
     grid's reads in phase A and the grid gradient's stores, cast too, turned phase A's loop
-    scalar (``benchmarks/hot_loops.py``); the grid is read through views instead
+    scalar (docs/cpu.md, "What keeps the loops vectorised"); the grid is read through views instead
     (:func:`grid_coordinates`).
     """
     return np.uint64(index)

@@ -6,9 +6,8 @@ points whose taps land in each plane; each thread walks the rows in order, skips
 whose taps miss its slab, and adds only the taps that fall in its slab. Every voxel
 therefore sums its contributions in point order, as PyTorch's sequential loop does:
 results are deterministic, independent of the thread count, and for float64 bitwise
-equal to PyTorch's. The grid gradient of a point is computed by the thread that owns its
-lowest tap plane (one pass), or, for grids whose rows wander across many planes, in a
-second pass split by rows.
+equal to PyTorch's. The grid gradient is computed in the same walk (one part owning every
+plane), or by runs of rows in a pass of its own (the plan decides: :mod:`.planner`).
 
 Extra memory: two int64 per output row and one per (n, z) plane.
 """
