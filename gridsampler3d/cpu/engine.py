@@ -170,21 +170,17 @@ class NumbaBackend:
     def supports(self, device: torch.device) -> bool:
         return device.type == "cpu"
 
-    @pool.exclusive
     def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
         return self._forward(x, grid, interpolation, padding, align_corners, False)
 
-    @pool.exclusive
     def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
         return self._forward(x, displacement, interpolation, padding, align_corners, True)
 
-    @pool.exclusive
     def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
                  output_mask, deterministic: bool):
         # Always deterministic (sums in a fixed order), so ``deterministic`` changes nothing here.
         return self._backward(grad, x, grid, interpolation, padding, align_corners, output_mask, False)
 
-    @pool.exclusive
     def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
                       align_corners: bool, output_mask, deterministic: bool):
         return self._backward(grad, x, displacement, interpolation, padding, align_corners, output_mask, True)

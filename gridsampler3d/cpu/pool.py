@@ -33,7 +33,7 @@ from queue import SimpleQueue
 
 import torch
 
-__all__ = ["ROUTES", "exclusive", "route", "run_parts", "run_together", "threads", "use"]
+__all__ = ["ROUTES", "route", "run_parts", "run_together", "threads", "use"]
 
 ROUTES = ("team", "workers")
 
@@ -244,8 +244,3 @@ def run_together(launches, shared=()) -> None:
 def threads() -> int:
     """How many threads the kernels run on: torch's setting (``torch.get_num_threads()``)."""
     return max(1, torch.get_num_threads())
-
-
-def exclusive(method):
-    """``method`` itself. Launches from several Python threads at once need no lock: every executor takes them."""
-    return method
