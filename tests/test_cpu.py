@@ -307,7 +307,8 @@ def test_every_way_of_reading_the_grid_gives_the_same_bits(mode, threads):
 
 def test_small_calls_run_serially_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs its one walk on the calling thread, handing nothing to the pool;
-    above it, the forward's rows run as tuning.SHARED_RUNS runs per thread. The bits are the same either way."""
+    above it, the forward's rows run as tuning.SHARED_RUNS runs per thread (runs of at least tuning.RUN_VALUES
+    values). The bits are the same either way."""
     from conftest import DEFAULT_PARALLEL_VALUES
     from gridsampler3d.cpu import pool, tuning
 
@@ -328,6 +329,10 @@ def test_small_calls_run_serially_with_the_same_bits(threads, monkeypatch):
     assert parts == [], parts
     assert all(torch.equal(a, b) for a, b in zip(split, whole))
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", grad.numel())
+    parts.clear()
+    gs.grid_sampler3d(x, grid, backend="numba")
+    assert parts == [2], parts  # runs of at least tuning.RUN_VALUES values: one per thread here
+    monkeypatch.setattr(tuning, "RUN_VALUES", 1)
     parts.clear()
     gs.grid_sampler3d(x, grid, backend="numba")
     assert parts == [2 * tuning.SHARED_RUNS]  # of its 42 rows

@@ -193,7 +193,7 @@ def make_plan(call: Call) -> Plan:
         threads = _threads(call)
         backward = call.stage == Stage.BACKWARD
         return Plan(call.stage, Strategy.BICUBIC, threads, call.channels_last,
-                    runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1]),
+                    runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1], call),
                     grid_pass=GridPass.ROWS if backward and call.want_dgrid else GridPass.NONE,
                     dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
                     dx_parts=threads if backward and call.want_dx else 0)
@@ -289,7 +289,7 @@ def _forward_plan(call: Call) -> Plan:
     joined = _rows_joined(call, threads, random)
     rows = call.batch * call.out_sizes[0] * call.out_sizes[1] // joined
     return Plan(call.stage, Strategy.CHANNEL_GROUPS if random else Strategy.ROWS, threads, call.channels_last,
-                channel_group=group if random else 0, runs=_runs(threads, rows), rows_joined=joined)
+                channel_group=group if random else 0, runs=_runs(threads, rows, call), rows_joined=joined)
 
 
 def _backward_plan(call: Call) -> Plan:
@@ -303,7 +303,7 @@ def _backward_plan(call: Call) -> Plan:
     joined = _rows_joined(call, threads, random)
     rows = call.batch * call.out_sizes[0] * call.out_sizes[1] // joined
     common = dict(stage=call.stage, threads=threads, channels_last=call.channels_last, rows_joined=joined,
-                  runs=_runs(threads, rows), exact_grid_gradient=want_dgrid and (
+                  runs=_runs(threads, rows, call), exact_grid_gradient=want_dgrid and (
                       call.dtype == "float64" or not call.grad_finite))
     if call.want_dx and threads > 1 and coherent:
         return Plan(strategy=Strategy.BESIDE, dx_parts=threads - threads // 2, **common)
@@ -329,13 +329,18 @@ def _backward_plan(call: Call) -> Plan:
                 channel_group=dx_group, grid_channel_group=grid_group, carry_rows=carry_rows, **common)
 
 
-def _runs(threads: int, rows: int) -> int:
+def _runs(threads: int, rows: int, call: Call) -> int:
     """How many parts a pass by rows is cut into, for the threads to take in turn.
 
     ``tuning.SHARED_RUNS`` per thread, so that a thread that runs slower (or rows that
-    cost more) leave the others no more than a short run's wait; one part on one thread.
+    cost more) leave the others no more than a short run's wait; fewer where runs would
+    hold less than ``tuning.RUN_VALUES`` output values each (but one per thread); one
+    part on one thread.
     """
-    return 1 if threads == 1 else max(1, min(rows, tuning.SHARED_RUNS * threads))
+    if threads == 1:
+        return 1
+    worth = max(threads, call.points * call.channels // tuning.RUN_VALUES)
+    return max(1, min(rows, tuning.SHARED_RUNS * threads, worth))
 
 
 def _rows_joined(call: Call, threads: int, random: bool) -> int:

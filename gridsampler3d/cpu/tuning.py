@@ -28,6 +28,11 @@ PARALLEL_VALUES = 1 << 15
 # twice dx's time (cl64, channels-last: 29 ms against 15 ms at two threads), the other
 # thread waiting (docs/cpu.md, "Runs of rows, taken in turn").
 SHARED_RUNS = 8
+# ... but no run of fewer output values (points times channels) than this: each run is a
+# kernel call from Python (about 10 us, under the GIL), which a batch of small crops paid
+# sixteen times (N=8, C=2, 16³ forward at two threads: 709 us in 16 runs, 468 us before
+# the kernels took records).
+RUN_VALUES = 1 << 15
 
 # One thread computes dx and dgrid of a smooth grid in one walk only below this many
 # channels: with more, each block's walk over every channel's taps, grad and dx
