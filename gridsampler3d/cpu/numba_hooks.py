@@ -23,11 +23,13 @@ Nothing here changes Numba for other code: the classes are used only by the disp
 from __future__ import annotations
 
 import functools
+import hashlib
+import pickle
 
 import llvmlite.binding
 from numba import config, types
 from numba.core import cgutils, lowering
-from numba.core.caching import FunctionCache
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import register_pass
 from numba.core.dispatcher import _FunctionCompiler
@@ -127,6 +129,27 @@ class _NoGatherPipeline(CompilerBase):
         return [manager]
 
 
+class _KeyNamedCacheFile(IndexDataCacheFile):
+    """Numba's index and data files, each entry's data named by a digest of its key and written before the index.
+
+    Numba names a new entry's data file by the first number its index does not use. Every
+    mode's kernel is a closure of one function, so all share one index: two processes
+    compiling two modes at once (pytest's workers, DataLoader workers) both took the same
+    number, and one process's index then named the other's kernel. A kernel of another
+    mode loaded and ran (the channels-last forward with border padding returned another
+    padding's values, tests/test_matrix.py, seen in a test run beside a second process).
+    """
+
+    def save(self, key, data):
+        digest = hashlib.sha256(pickle.dumps(key, protocol=-1)).hexdigest()[:24]
+        data_name = self._data_name_pattern.replace("{number:d}", digest)
+        self._save_data(data_name, data)
+        overloads = self._load_index()
+        if overloads.get(key) != data_name:
+            overloads[key] = data_name
+            self._save_index(overloads)
+
+
 class _EngineKeyedCache(FunctionCache):
     """Numba's disk cache with ``key()`` (the build and the engine's sources, :mod:`.jit`) in every entry's key.
 
@@ -140,6 +163,7 @@ class _EngineKeyedCache(FunctionCache):
     def __init__(self, py_func, key):
         super().__init__(py_func)
         self._extra_key = key
+        self._cache_file.__class__ = _KeyNamedCacheFile
 
     def _index_key(self, sig, codegen):
         return (*super()._index_key(sig, codegen), *self._extra_key())
