@@ -20,6 +20,7 @@ import torch
 
 from ..layout import memory_format_of
 from ..modes import Interpolation, Padding
+from ..rounding import HALF_DTYPES
 from . import buffers, pool, transpose
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
@@ -118,7 +119,7 @@ def _with_facts(call: Call, field, grad) -> Call:
         # elements only picks PyTorch's terms needlessly (still exact). Half data is summed
         # in float32 after a float32 copy: bfloat16's own sum, or one in float64, took 2 to
         # 6 times as long.
-        summed = grad.float().sum() if grad.dtype in (torch.float16, torch.bfloat16) else grad.sum()
+        summed = grad.float().sum() if grad.dtype in HALF_DTYPES else grad.sum()
         facts["grad_finite"] = bool(torch.isfinite(summed))
     return dataclasses.replace(call, **facts)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..rounding import round_once as _round_once_reference
+from ..rounding import HALF_DTYPES, round_once as _round_once_reference
 from . import pool, tuning
 from .jit import Parallel, borrowed, part_kernel
 
@@ -48,7 +48,7 @@ def _memory(tensor: torch.Tensor):
 
 def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one pass on dense tensors."""
-    if values.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16) or values.numel() == 0:
+    if values.dtype != torch.float64 or dtype not in HALF_DTYPES or values.numel() == 0:
         return _round_once_reference(values, dtype)
     single = torch.empty_like(values, dtype=torch.float32)
     flat_values = _memory(values)
