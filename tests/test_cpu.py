@@ -18,7 +18,7 @@ from gridsampler3d import precision
 from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
-from gridsampler3d.cpu.jit import gathers_in_use, part_kernel
+from gridsampler3d.cpu.jit import gathers_in_use, outlined_helper, part_kernel, plain
 from gridsampler3d.cpu.backward import BackwardOperands
 from gridsampler3d.cpu.planner import _rows_per_long_row
 from gridsampler3d.cpu.records import Carry, Geometry, Outputs, RowRanges
@@ -756,3 +756,21 @@ def test_a_kernels_disk_cache_entry_is_keyed_by_every_engine_source(monkeypatch)
         monkeypatch.undo()
         jit._engine_sources.cache_clear()
     assert kernel._cache._index_key(signature, codegen) == key
+
+
+@pytest.mark.skipif(plain(), reason="the plain path compiles helpers as Numba does")
+def test_helpers_leave_no_machine_code_of_their_own():
+    """A helper's code is linked into the kernels that call it; Numba emits none for the helper (cold compile time)."""
+    from gridsampler3d.cpu import block
+
+    _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
+    gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba")
+    kernel = forward_kernel(0, int(gs.Padding.ZEROS), False, False, False, channels_last=False)
+    kernel_signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == numba.float32)
+    part_kernel(kernel.py_func, cache=False).compile(kernel_signature)  # types the helpers it calls
+    signature = next(iter(block.trilinear_cells.overloads))
+    fresh = outlined_helper(block.trilinear_cells.py_func, cache=False)
+    fresh.compile(signature)
+    compiled = fresh.overloads[signature]
+    assert compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name) == 0
+    assert compiled.library.get_function(compiled.fndesc.llvm_func_name) is not None  # its IR, for linking

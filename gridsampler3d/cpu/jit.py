@@ -127,7 +127,7 @@ def _declare(func, options: dict, plain_types: bool, cache: bool):
         plain_options = {name: value for name, value in options.items() if name in ("forceinline",)}
         return numba.njit(func, **_PLAIN_OPTIONS, **plain_options)
     return _hooks.declare(func, {**_OPTIONS, **options}, plain_types=plain_types, gathers=gathers_in_use(),
-                          cache_key=_cache_key if cache else None)
+                          link_only=plain_types, cache_key=_cache_key if cache else None)
 
 
 # Helpers are called from kernels only: no wrappers to call them from Python or C.

@@ -10,6 +10,8 @@ The hooks, each kept for a measured reason (docs/runtime.md, "The Numba boundary
 
 - plain-type helpers (:class:`_PlainTypeDispatcher`): a helper is compiled once per
   dtype, not once per set of constant mode values;
+- link-only helpers (:class:`_LinkOnlyLibrary`): a helper's IR is linked into the kernels
+  that call it, and Numba emits no machine code of its own for it;
 - ``noalias`` (:class:`_NoAliasCompiler`): array arguments are declared not to overlap,
   which lets LLVM vectorise the block loops;
 - scalar lane loads where hardware gathers are slow (:class:`_NoGatherPipeline`);
@@ -30,6 +32,7 @@ import llvmlite.binding
 from numba import config, types
 from numba.core import cgutils, lowering
 from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core.codegen import JITCodeLibrary
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import register_pass
 from numba.core.dispatcher import _FunctionCompiler
@@ -40,7 +43,7 @@ from numba.extending import intrinsic
 __all__ = ["HOOKS", "borrowed", "declare", "zero_elements"]
 
 # What `gridsampler3d backends` names.
-HOOKS = ("plain-type helpers", "noalias", "engine-keyed cache")
+HOOKS = ("plain-type helpers", "link-only helpers", "noalias", "engine-keyed cache")
 
 
 def _require(owner, *names: str) -> None:
@@ -118,15 +121,74 @@ class _NoGatherLowering(NativeLowering):
         return _NoGatherLower
 
 
-class _NoGatherPipeline(CompilerBase):
-    """Numba's nopython pipeline with :class:`_NoGatherLowering` in place of its lowering pass."""
+class _LinkOnlyLibrary(JITCodeLibrary):
+    """A helper's code library: LLVM IR to link into the kernels that call it, never machine code of its own.
 
-    def define_pipelines(self):
-        manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
-        manager.passes = [(_NoGatherLowering if step is NativeLowering else step, description)
-                          for step, description in manager.passes]
-        manager.finalize()
-        return [manager]
+    Numba finalises every function it compiles: it optimises the function's module once
+    more as a whole and emits its machine code. A helper runs only inside the kernels that
+    call it, and each kernel links the helper's IR in and optimises and emits the whole, so
+    for a helper both steps were spent for nothing (0.4 s and 0.5 s of the 6.2 s that
+    benchmarks/first_call.py took with an empty cache). The helper's module keeps its
+    function-level optimisation; only its environment global goes to the execution engine.
+    The disk cache keeps the helper's IR (Numba's cache keeps machine code), so a process
+    that compiles a new mode's kernel still loads the helpers compiled before.
+    """
+
+    def _optimize_final_module(self):
+        pass
+
+    def _finalize_final_module(self):
+        self._finalize_dynamic_globals()
+        self._verify_declare_only_symbols()
+        # Numba writes the environment's address into the helper's environment global
+        # once it is compiled (CPUCodegen.set_env), so the engine must define that global.
+        names = [variable.name for variable in self._final_module.global_variables
+                 if variable.name.startswith("_ZN08NumbaEnv")]
+        if names:
+            self._codegen._add_module(llvmlite.binding.parse_assembly(
+                "\n".join(f'@"{name}" = common global i8* null' for name in names)))
+        self._finalized = True
+
+    def serialize_using_object_code(self):
+        # For the disk cache, which Numba fills with machine code: there is none, so the IR.
+        return self.serialize_using_bitcode()
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _LinkOnlyLowering(NativeLowering):
+    """Numba's lowering into a :class:`_LinkOnlyLibrary` (for helpers)."""
+    _name = "gridsampler3d_link_only_lowering"
+
+    def run_pass(self, state):
+        if state.library is None:
+            state.library = _LinkOnlyLibrary(state.targetctx.codegen(), state.func_id.func_qualname)
+        return super().run_pass(state)
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class _NoGatherLinkOnlyLowering(_LinkOnlyLowering):
+    _name = "gridsampler3d_no_gather_link_only_lowering"
+
+    @property
+    def lowering_class(self):
+        return _NoGatherLower
+
+
+@functools.cache
+def _pipeline(gathers: bool, link_only: bool):
+    """Numba's nopython pipeline with its lowering pass replaced as ``gathers`` and ``link_only`` ask."""
+    lowering_pass = {(True, False): NativeLowering, (False, False): _NoGatherLowering,
+                     (True, True): _LinkOnlyLowering, (False, True): _NoGatherLinkOnlyLowering}[gathers, link_only]
+
+    class Pipeline(CompilerBase):
+        def define_pipelines(self):
+            manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
+            manager.passes = [(lowering_pass if step is NativeLowering else step, description)
+                              for step, description in manager.passes]
+            manager.finalize()
+            return [manager]
+
+    return Pipeline
 
 
 class _KeyNamedCacheFile(IndexDataCacheFile):
@@ -169,17 +231,19 @@ class _EngineKeyedCache(FunctionCache):
         return (*super()._index_key(sig, codegen), *self._extra_key())
 
 
-def declare(func, options: dict, *, plain_types: bool, gathers: bool, cache_key=None):
+def declare(func, options: dict, *, plain_types: bool, gathers: bool, link_only: bool = False, cache_key=None):
     """A dispatcher of ``func`` compiled with ``options`` (Numba's target options) and ``noalias``.
 
     ``plain_types`` types the arguments of calls from other compiled code without their
     literal values (for helpers); ``gathers`` False compiles without hardware gathers;
+    ``link_only`` compiles into a :class:`_LinkOnlyLibrary` (helpers, which run only inlined
+    into or linked with kernels);
     ``cache_key``, a function returning a tuple of strings, turns on the disk cache with
     that tuple in every entry's key.
     """
     dispatcher = (_PlainTypeDispatcher if plain_types else CPUDispatcher)(py_func=func, locals={},
                                                                            targetoptions=dict(options))
-    pipeline = dispatcher._compiler.pipeline_class if gathers else _NoGatherPipeline
+    pipeline = _pipeline(gathers, link_only)
     dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
                                             pipeline)
     if cache_key is not None:
