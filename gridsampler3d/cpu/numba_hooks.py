@@ -149,6 +149,16 @@ class _LinkOnlyLibrary(JITCodeLibrary):
                 "\n".join(f'@"{name}" = common global i8* null' for name in names)))
         self._finalized = True
 
+    def get_asm_str(self):
+        """The helper's machine code as a kernel holds it: a copy of its module optimised as a kernel's is."""
+        final = self._final_module
+        self._final_module = final.clone()
+        try:
+            super()._optimize_final_module()
+            return super().get_asm_str()
+        finally:
+            self._final_module = final
+
     def serialize_using_object_code(self):
         # For the disk cache, which Numba fills with machine code: there is none, so the IR.
         return self.serialize_using_bitcode()
