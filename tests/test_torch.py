@@ -61,6 +61,38 @@ def test_compile_fullgraph_has_no_graph_break():
                                                  torch.autograd.grad(got, (x, grid))))
 
 
+def test_eager_calls_skip_the_custom_ops_and_traced_ones_keep_them(monkeypatch):
+    """Plain tensors run eagerly through an autograd.Function over the api (the custom ops' dispatch cost
+    more than a small call's kernels); fake tensors, dispatch modes and tracing see the custom ops."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gridsampler3d import torch_ops
+
+    x, grid = _leaves()
+    assert type(gs.grid_sample(x, grid).grad_fn).__name__ == "EagerSampleBackward"
+    with torch.no_grad():
+        assert torch.equal(gs.grid_sample(x, grid), grid_sampler3d_op(x, grid, 0, 0, False))
+    calls = []
+    monkeypatch.setattr(torch_ops, "grid_sampler3d_op", lambda *args: calls.append(args) or grid_sampler3d_op(*args))
+    with FlopCounterMode(display=False):
+        gs.grid_sample(x, grid)
+    with FakeTensorMode():
+        fake = gs.grid_sample(torch.empty(1, 2, 3, 4, 5), torch.empty(1, 2, 3, 2, 3))
+    assert len(calls) == 2 and fake.shape == (1, 2, 2, 3, 2)
+
+
+def test_second_derivatives_through_the_eager_route_match_the_custom_ops():
+    x, grid = _leaves(seed=5)
+    results = []
+    for run in (lambda a, b: gs.grid_sample(a, b, "bilinear", "border", True),
+                lambda a, b: grid_sampler3d_op(a, b, 0, 1, True)):
+        y = run(x, grid)
+        grads = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
+        results.append(torch.autograd.grad(sum(g.square().sum() for g in grads), (x, grid)))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 @pytest.mark.parametrize("needs", [(True, False), (False, True)], ids=["input-only", "grid-only"])
 def test_only_the_gradient_asked_for_is_computed(needs, monkeypatch):
     x, grid = _leaves()
