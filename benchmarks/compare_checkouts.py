@@ -8,7 +8,10 @@ On a shared, noisy machine, separate runs of ``gridsampler3d bench`` can differ 
 than a kernel change does. Here both versions load into one process (the other checkout's
 package under another name) and each timed call of one is followed by the same call of the
 other, so that a disturbance hits both; the line per case gives each version's median and
-the median of the per-pair ratios (this checkout / the other). Both compile into the Numba
+the median of the per-pair ratios (this checkout / the other). Calls under a few
+milliseconds are not comparable here: Numba's dispatcher types a record argument by its
+layout, so the kernels of whichever package is called second match through a slow path,
+about 0.4 ms a call. Both compile into the Numba
 cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers changed. With
 ``--other-plain`` the other package is imported on the plain Numba path
 (``GRIDSAMPLER3D_PLAIN_NUMBA=1``, docs/runtime.md), which compiles without the disk cache.

@@ -1,0 +1,66 @@
+"""Small calls against PyTorch: backward, forward and an autograd step, medians in one process.
+
+    python benchmarks/small_calls.py              # torch's thread count
+    python benchmarks/small_calls.py --threads 2
+
+Float32, bilinear, zeros, align_corners=False, a slightly perturbed affine grid. The
+backward and forward are the op-level calls (``aten::grid_sampler_3d{,_backward}`` against
+``gs.grid_sampler3d{,_backward}``); the step is ``grid_sample(x, grid).sum().backward()``
+with both leaves requiring grad (``F.grid_sample`` against ``gs.grid_sample``).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import gridsampler3d as gs
+
+SHAPES = [(1, 2, 8), (1, 2, 16), (8, 2, 16), (4, 4, 24)]  # (N, C, edge): output points N * edge^3
+
+
+def _median_us(call, runs: int) -> float:
+    for _ in range(5):
+        call()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=41, help="timed calls per measurement (median)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"{torch.get_num_threads()} thread(s), medians of {args.runs} calls, us (PyTorch / ours)")
+    print("| call | output points | backward | forward | autograd step |")
+    print("| --- | --- | --- | --- | --- |")
+    for batch, channels, edge in SHAPES:
+        x = torch.randn(batch, channels, edge, edge, edge)
+        theta = torch.eye(3, 4).expand(batch, 3, 4) + 0.05 * torch.randn(batch, 3, 4)
+        grid = F.affine_grid(theta, (batch, 1, edge, edge, edge), align_corners=False)
+        grad = torch.randn(batch, channels, edge, edge, edge)
+        leaves = x.clone().requires_grad_(), grid.clone().requires_grad_()
+        pairs = [
+            (lambda: torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, 0, 0, False, [True, True]),
+             lambda: gs.grid_sampler3d_backward(grad, x, grid)),
+            (lambda: torch.ops.aten.grid_sampler_3d(x, grid, 0, 0, False),
+             lambda: gs.grid_sampler3d(x, grid)),
+            (lambda: F.grid_sample(*leaves, align_corners=False).sum().backward(),
+             lambda: gs.grid_sample(*leaves, align_corners=False).sum().backward()),
+        ]
+        cells = [f"{_median_us(theirs, args.runs):.0f} / {_median_us(ours, args.runs):.0f}" for theirs, ours in pairs]
+        print(f"| N={batch}, C={channels}, {edge}³ | {batch * edge ** 3:,} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
