@@ -75,6 +75,8 @@ def _parse_format(value, format_type, what: str):
     """A layout name (case-insensitive str) or a member of ``format_type`` → that member."""
     if isinstance(value, format_type):
         return value
+    if isinstance(value, str) and value in format_type._value2member_map_:  # the common spelling, at no cost
+        return format_type._value2member_map_[value]
     names = " or ".join(repr(member.value) for member in format_type)
     if not isinstance(value, str):
         raise TypeError(f"{what} must be the str {names}; got {type(value).__name__} {value!r}")

@@ -130,7 +130,9 @@ def _kept_scratch(kernel, arguments, channels: int) -> tuple:
 
 def run_serial(build, arguments, channels: int) -> None:
     """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags)."""
-    unresolved = _kept.__dict__.setdefault("unresolved", np.zeros(1, np.int64))
+    unresolved = getattr(_kept, "unresolved", None)
+    if unresolved is None:
+        unresolved = _kept.unresolved = np.zeros(1, np.int64)
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
         kernel.part(*arguments, unresolved, *_kept_scratch(kernel, arguments, channels), 0)
