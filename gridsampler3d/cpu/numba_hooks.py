@@ -176,12 +176,9 @@ class _LinkOnlyLowering(NativeLowering):
 
 
 @register_pass(mutates_CFG=True, analysis_only=False)
-class _NoGatherLinkOnlyLowering(_LinkOnlyLowering):
+class _NoGatherLinkOnlyLowering(_LinkOnlyLowering, _NoGatherLowering):
+    """Both: a :class:`_LinkOnlyLibrary`, lowered by :class:`_NoGatherLower`."""
     _name = "gridsampler3d_no_gather_link_only_lowering"
-
-    @property
-    def lowering_class(self):
-        return _NoGatherLower
 
 
 @functools.cache
