@@ -111,8 +111,8 @@ def _eager(*tensors: Tensor) -> bool:
     """Whether a call on ``tensors`` may skip the custom ops: plain tensors with data, run eagerly.
 
     The custom ops are what ``torch.compile``, ``torch.export``, fake and meta tensors, vmap
-    and dispatch modes see; through PyTorch's dispatcher, with autograd, they cost about
-    300 us a forward and backward step (a 512-point call's kernels take 30 us).
+    and dispatch modes see; through PyTorch's dispatcher, with autograd, a forward and
+    backward step of 512 points took 398 us against 308 us here (its kernels take 30 us).
     """
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or _dispatch_mode() is not None:
         return False
@@ -144,7 +144,7 @@ def _eager_function(forward_name: str, backward_name: str, backward_op):
         def forward(ctx, input, field, interpolation, padding, align_corners):
             ctx.save_for_backward(input, field)
             ctx.attributes = (interpolation, padding, align_corners)
-            return getattr(api, forward_name)(input, field, interpolation, padding, align_corners)
+            return EagerSample.without_autograd(input, field, interpolation, padding, align_corners)
 
         @staticmethod
         def backward(ctx, grad_output):

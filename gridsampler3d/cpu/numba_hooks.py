@@ -14,7 +14,7 @@ The hooks, each kept for a measured reason (docs/runtime.md, "The Numba boundary
   that call it, and Numba emits no machine code of its own for it;
 - ``noalias`` (:class:`_NoAliasCompiler`): array arguments are declared not to overlap,
   which lets LLVM vectorise the block loops;
-- scalar lane loads where hardware gathers are slow (:class:`_NoGatherPipeline`);
+- scalar lane loads where hardware gathers are slow (:class:`_NoGatherLowering`);
 - a disk cache keyed on the engine's sources (:class:`_EngineKeyedCache`);
 - two intrinsics that write LLVM IR with ``numba.core.cgutils``: :func:`borrowed`,
   :func:`zero_elements`.
