@@ -236,8 +236,8 @@ def explain(input, grid, grad=None, interpolation_mode="bilinear", padding_mode=
         ``gridsampler3d.cpu.planner.Plan``: a frozen record of the strategy and its
         parameters; ``str(plan)`` reads as one line.
     """
-    from .cpu.engine import describe
-    from .cpu.planner import Stage, make_plan
+    from .cpu.engine import plan_call
+    from .cpu.planner import Stage
 
     interpolation, padding = parse_interpolation(interpolation_mode), parse_padding(padding_mode)
     align_corners = parse_align_corners(align_corners)
@@ -254,5 +254,5 @@ def explain(input, grid, grad=None, interpolation_mode="bilinear", padding_mode=
         raise ValueError(f"explain: plans are made by the CPU engine; the tensors are on {input.device}")
     x = to_ncdhw(input, data_format)
     stage = Stage.FORWARD if grad is None else Stage.BACKWARD
-    return make_plan(describe(stage, x, grid, interpolation, padding, align_corners, voxels=warp,
-                              grad=None if grad is None else to_ncdhw(grad, data_format), output_mask=output_mask))
+    return plan_call(stage, x, grid, interpolation, padding, align_corners, voxels=warp,
+                     grad=None if grad is None else to_ncdhw(grad, data_format), output_mask=output_mask)

@@ -32,6 +32,10 @@ def test_a_small_call_runs_on_the_calling_thread():
     assert small.points * small.channels < tuning.PARALLEL_VALUES
     assert make_plan(small).threads == 1
     assert make_plan(backward(threads=2)).threads == 2
+    # nothing measured: PyTorch's grid-gradient terms, right for any grad
+    assert facts_needed(small) == frozenset()
+    plan = make_plan(dataclasses.replace(small, smooth=None, grad_finite=None))
+    assert plan.strategy == Strategy.SERIAL and plan.exact_grid_gradient
 
 
 def test_one_thread_walks_a_smooth_grid_once_for_both_outputs():
