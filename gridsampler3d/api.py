@@ -100,21 +100,34 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
     grad, x = to_ncdhw(grad, data_format), to_ncdhw(input, data_format)
+    dx, dgrid = checked_backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
+                                 backend=backend, deterministic=deterministic)
+    if dx is not None:
+        dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
+    return dx, _like_caller(dgrid, caller_grid)
+
+
+def checked_backward(grad, x, field, interpolation, padding, align_corners, output_mask, *, warp=False,
+                     backend="auto", deterministic=None):
+    """The backward of operands already checked: what :func:`grid_sampler3d_backward` (or, with ``warp``,
+    :func:`warp3d_backward`) runs after its checks, on NCDHW tensors, the displacement as (N, 3, D, H, W).
+
+    ``interpolation``, ``padding``, ``align_corners`` and ``output_mask`` as the parse
+    functions of :mod:`.modes` return them. Autograd's backward calls it directly: its
+    forward checked the operands, and autograd gives grad the output's shape and dtype.
+    Returns ``(dx, dfield)`` in the engine's layouts; None where not asked for.
+    """
     engine = select_backend(backend, x.device)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-
     if not any(output_mask):
         return None, None
     if grad.numel() == 0 or x.numel() == 0:
         dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if output_mask[0] else None
-        dgrid = torch.zeros_like(grid, memory_format=torch.contiguous_format) if output_mask[1] else None
-    else:
-        dx, dgrid = engine.backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
-                                    deterministic)
-    if dx is not None:
-        dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
-    return dx, _like_caller(dgrid, caller_grid)
+        dfield = torch.zeros_like(field, memory_format=torch.preserve_format if warp else torch.contiguous_format)
+        return dx, (dfield if output_mask[1] else None)
+    run = engine.warp_backward if warp else engine.backward
+    return run(grad, x, field, interpolation, padding, align_corners, output_mask, deterministic)
 
 
 def _displacement_to_n3dhw(displacement: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
@@ -202,17 +215,8 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
     grad, x = to_ncdhw(grad, data_format), to_ncdhw(volume, data_format)
     field = _displacement_to_n3dhw(displacement, displacement_format)
-    engine = select_backend(backend, x.device)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    if not any(output_mask):
-        return None, None
-    if x.numel() == 0:
-        dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if output_mask[0] else None
-        dfield = torch.zeros_like(field) if output_mask[1] else None
-    else:
-        dx, dfield = engine.warp_backward(grad, x, field, interpolation, padding, align_corners, output_mask,
-                                          deterministic)
+    dx, dfield = checked_backward(grad, x, field, interpolation, padding, align_corners, output_mask, warp=True,
+                                  backend=backend, deterministic=deterministic)
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
     if dfield is not None:

@@ -127,12 +127,13 @@ def _dispatch_mode():
     return torch.utils._python_dispatch._get_current_dispatch_mode()
 
 
-def _eager_function(forward_name: str, backward_name: str, backward_op):
-    """An autograd.Function over the :mod:`.api` functions ``forward_name`` and ``backward_name`` (see :func:`_eager`).
+def _eager_function(forward_name: str, warp: bool, backward_op):
+    """An autograd.Function over the :mod:`.api` function ``forward_name`` (see :func:`_eager`).
 
-    Its backward calls the backward api function directly, or the backward custom op when
-    the backward itself is to be differentiated (``create_graph=True``), whose autograd
-    gives the second derivatives (:func:`_register_autograd`).
+    Its backward runs :func:`.api.checked_backward` (the forward checked the operands), or
+    the backward custom op when the backward itself is to be differentiated
+    (``create_graph=True``), whose autograd gives the second derivatives
+    (:func:`_register_autograd`).
     """
 
     class EagerSample(torch.autograd.Function):
@@ -153,8 +154,9 @@ def _eager_function(forward_name: str, backward_name: str, backward_op):
             if torch.is_grad_enabled():
                 dx, dfield = backward_op(grad_output, input, field, *ctx.attributes, list(output_mask))
             else:
-                dx, dfield = getattr(api, backward_name)(grad_output, input, field, *ctx.attributes,
-                                                         output_mask=output_mask)
+                interpolation, padding, align_corners = ctx.attributes
+                dx, dfield = api.checked_backward(grad_output, input, field, parse_interpolation(interpolation),
+                                                  parse_padding(padding), align_corners, output_mask, warp=warp)
             return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
 
     return EagerSample
@@ -169,7 +171,7 @@ def _sample(function, op, input: Tensor, field: Tensor, *attributes) -> Tensor:
     return function.without_autograd(input, field, *attributes)
 
 
-_EagerGridSample = _eager_function("grid_sampler3d", "grid_sampler3d_backward", grid_sampler3d_backward_op)
+_EagerGridSample = _eager_function("grid_sampler3d", False, grid_sampler3d_backward_op)
 
 
 def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
@@ -240,7 +242,7 @@ def _warp3d_backward_fake(grad, volume, displacement, interpolation_mode, paddin
 
 
 _register_autograd(warp3d_op, warp3d_backward_op, composite.warp)
-_EagerWarp = _eager_function("warp3d", "warp3d_backward", warp3d_backward_op)
+_EagerWarp = _eager_function("warp3d", True, warp3d_backward_op)
 
 
 def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_mode: str = "border",
