@@ -22,15 +22,18 @@ import gridsampler3d as gs
 SHAPES = [(1, 2, 8), (1, 2, 16), (8, 2, 16), (4, 4, 24)]  # (N, C, edge): output points N * edge^3
 
 
-def _median_us(call, runs: int) -> float:
+def _medians_us(theirs, ours, runs: int) -> tuple:
+    """Medians of ``runs`` timed calls of each, in alternating pairs: a disturbance of the shared machine then
+    falls on both."""
     for _ in range(5):
-        call()
-    times = []
+        theirs(), ours()
+    times = ([], [])
     for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+        for call, kept in ((theirs, times[0]), (ours, times[1])):
+            start = time.perf_counter()
+            call()
+            kept.append(time.perf_counter() - start)
+    return tuple(statistics.median(kept) * 1e6 for kept in times)
 
 
 def main() -> None:
@@ -41,7 +44,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"{torch.get_num_threads()} thread(s), medians of {args.runs} calls, us (PyTorch / ours)")
+    print(f"{torch.get_num_threads()} thread(s), medians of {args.runs} calls in alternating pairs, us (PyTorch / ours)")
     print("| call | output points | backward | forward | autograd step |")
     print("| --- | --- | --- | --- | --- |")
     for batch, channels, edge in SHAPES:
@@ -58,7 +61,7 @@ def main() -> None:
             (lambda: F.grid_sample(*leaves, align_corners=False).sum().backward(),
              lambda: gs.grid_sample(*leaves, align_corners=False).sum().backward()),
         ]
-        cells = [f"{_median_us(theirs, args.runs):.0f} / {_median_us(ours, args.runs):.0f}" for theirs, ours in pairs]
+        cells = ["{:.0f} / {:.0f}".format(*_medians_us(theirs, ours, args.runs)) for theirs, ours in pairs]
         print(f"| N={batch}, C={channels}, {edge}³ | {batch * edge ** 3:,} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -32,10 +32,6 @@ def test_a_small_call_runs_on_the_calling_thread():
     assert small.points * small.channels < tuning.PARALLEL_VALUES
     assert make_plan(small).threads == 1
     assert make_plan(backward(threads=2)).threads == 2
-    # nothing measured: PyTorch's grid-gradient terms, right for any grad
-    assert facts_needed(small) == frozenset()
-    plan = make_plan(dataclasses.replace(small, smooth=None, grad_finite=None))
-    assert plan.strategy == Strategy.SERIAL and plan.exact_grid_gradient
 
 
 def test_one_thread_walks_a_smooth_grid_once_for_both_outputs():
@@ -177,3 +173,31 @@ def test_explain_refuses_what_it_cannot_plan():
         gs.explain(x, grid[..., :2])
     with pytest.raises(ValueError, match="mode"):
         gs.explain(x, grid, interpolation_mode="cubic-ish")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("size", [8, 40], ids=["numpy-sum", "torch-sum"])
+def test_grad_is_finite_exactly_when_every_element_is(dtype, size):
+    """The fact is about the elements, whichever way the sum is taken (NumPy below PARALLEL_VALUES values, torch
+    above): a finite grad whose sum overflows is finite; one inf or NaN anywhere is not."""
+    from gridsampler3d.cpu.engine import _finite
+
+    grad = torch.ones(1, 1, size, size, size, dtype=dtype)
+    assert (grad.numel() < tuning.PARALLEL_VALUES) == (size == 8)
+    assert _finite(grad)
+    huge = torch.full_like(grad, torch.finfo(dtype).max)
+    assert _finite(huge) and not torch.isfinite(huge.float().sum())  # the sum overflows; every element is finite
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        spoilt = grad.clone()
+        spoilt[0, 0, -2, -1, 0] = bad  # in the strided view below too
+        assert not _finite(spoilt)
+        assert not _finite(spoilt[:, :, ::2])  # a strided view, read in place
+
+
+def test_a_plan_kept_for_a_call_follows_a_change_of_tuning(monkeypatch):
+    """The engine keeps each call's plan for the next like it; a changed tuning constant plans afresh."""
+    x, grid = torch.zeros(1, 2, 8, 8, 8), cases.warp_grid(1, 8)
+    grad = torch.zeros(1, 2, 8, 8, 8)
+    assert gs.explain(x, grid, grad).strategy == Strategy.SERIAL
+    monkeypatch.setattr(tuning, "PARALLEL_VALUES", 1)
+    assert gs.explain(x, grid, grad).strategy != Strategy.SERIAL

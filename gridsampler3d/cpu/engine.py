@@ -22,7 +22,7 @@ import torch
 from ..layout import memory_format_of
 from ..modes import Interpolation, Padding
 from ..rounding import HALF_DTYPES
-from . import buffers, pool, transpose
+from . import buffers, pool, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
 from .planner import Call, Plan, Stage, facts_needed, make_plan
@@ -109,20 +109,28 @@ def _smooth(field, voxels: bool, depth: int, nearest: bool, align_corners: bool)
     return looks_coherent(field, voxels, depth, nearest, align_corners, row_step(batch * out_depth * out_height))
 
 
-def _with_facts(call: Call, needed, field, grad) -> Call:
-    """``call`` with the facts about the data named in ``needed`` (:func:`.planner.facts_needed`), measured."""
-    facts = {}
-    if "smooth" in needed:
-        facts["smooth"] = _smooth(field, call.voxels, call.sizes[0], call.interpolation == Interpolation.NEAREST,
-                                  call.align_corners)
-    if "grad_finite" in needed:
-        # A non-finite element makes the sum non-finite; a sum that overflows from finite
-        # elements only picks PyTorch's terms needlessly (still exact). Half data is summed
-        # in float32 after a float32 copy: bfloat16's own sum, or one in float64, took 2 to
-        # 6 times as long.
-        summed = grad.float().sum() if grad.dtype in HALF_DTYPES else grad.sum()
-        facts["grad_finite"] = bool(torch.isfinite(summed))
-    return dataclasses.replace(call, **facts)
+def _finite(grad) -> bool:
+    """Whether every element of grad is finite: its sum is, or (a sum that overflowed or met inf or NaN) each
+    element is. A non-finite grad needs PyTorch's own grid-gradient terms to place NaN and infinity as PyTorch does.
+
+    Half data is summed in float32 after a float32 copy: bfloat16's own sum, or one in
+    float64, took 2 to 6 times as long. Under ``tuning.PARALLEL_VALUES`` values NumPy sums:
+    beside a small call's kernels torch's reduction took 16 us to NumPy's 6.
+    """
+    values = grad.float() if grad.dtype in HALF_DTYPES else grad
+    if values.numel() < tuning.PARALLEL_VALUES:
+        total = np.add.reduce(values.detach().numpy(), axis=None)
+    else:
+        total = values.sum()
+    return bool(np.isfinite(total)) or bool(torch.isfinite(values).all())
+
+
+def _facts(call: Call, needed, field, grad) -> tuple:
+    """(smooth, grad_finite): the facts about the data named in ``needed`` (:func:`.planner.facts_needed`),
+    measured; None where not needed."""
+    smooth = _smooth(field, call.voxels, call.sizes[0], call.interpolation == Interpolation.NEAREST,
+                     call.align_corners) if "smooth" in needed else None
+    return smooth, (_finite(grad) if "grad_finite" in needed else None)
 
 
 def _kernel_strides(tensor: torch.Tensor):
@@ -160,31 +168,33 @@ def describe(stage: Stage, x, field, interpolation, padding, align_corners, *, v
                 dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(), rows_joinable=joinable)
 
 
-# What the planner was told of calls seen before, by what describe() reads of them (shapes,
-# strides, dtypes, modes, outputs, threads): (the call, the facts its plan reads, and the
-# plan where it reads none). A small call then plans with one lookup (8³ points: 22 us to 4).
-_DESCRIBED: dict = {}
-_DESCRIBED_MOST = 512
+# What was planned for calls seen before, by what describe() reads of them (shapes, strides,
+# dtypes, modes, outputs, threads) and tuning's values: (the description, the facts its plan
+# reads, the plans made so far by those facts). A call like an earlier one then plans with
+# two lookups (8³ points at two threads: 30 us to 6).
+_PLANNED: dict = {}
+_PLANNED_MOST = 512
 
 
 def plan_call(stage: Stage, x, field, interpolation, padding, align_corners, *, voxels=False, grad=None,
               output_mask=(True, True)) -> Plan:
-    """The plan of a call (:func:`describe`, the facts its plan reads measured, :func:`.planner.make_plan`)."""
+    """The plan of a call: :func:`describe`, the facts its plan reads measured, :func:`.planner.make_plan`."""
     key = (stage, interpolation, padding, align_corners, voxels, bool(output_mask[0]), bool(output_mask[1]),
-           pool.threads(),
-           x.shape, x.stride(), x.dtype, field.shape, field.stride(), field.dtype,
-           None if grad is None else (grad.stride(), grad.dtype))
-    known = _DESCRIBED.get(key)
-    if known is None:
+           pool.threads(), x.shape, x.stride(), x.dtype, field.shape, field.stride(), field.dtype,
+           None if grad is None else (grad.stride(), grad.dtype), tuning.values())
+    planned = _PLANNED.get(key)
+    if planned is None:
         call = describe(stage, x, field, interpolation, padding, align_corners, voxels=voxels, grad=grad,
                         output_mask=output_mask)
-        needed = facts_needed(call)
-        known = (call, needed, None if needed else make_plan(call))
-        if len(_DESCRIBED) >= _DESCRIBED_MOST:
-            _DESCRIBED.clear()
-        _DESCRIBED[key] = known
-    call, needed, plan = known
-    return plan if plan is not None else make_plan(_with_facts(call, needed, field, grad))
+        if len(_PLANNED) >= _PLANNED_MOST:
+            _PLANNED.clear()
+        planned = _PLANNED[key] = (call, facts_needed(call), {})
+    call, needed, plans = planned
+    facts = _facts(call, needed, field, grad) if needed else (None, None)
+    plan = plans.get(facts)
+    if plan is None:
+        plan = plans[facts] = make_plan(dataclasses.replace(call, smooth=facts[0], grad_finite=facts[1]))
+    return plan
 
 
 class NumbaBackend:

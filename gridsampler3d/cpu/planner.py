@@ -177,7 +177,7 @@ def facts_needed(call: Call) -> frozenset:
     if _smooth_matters(call):
         needed.add("smooth")
     if (call.stage == Stage.BACKWARD and call.interpolation == Interpolation.BILINEAR and call.want_dgrid
-            and call.dtype != "float64" and not _small(call)):
+            and call.dtype != "float64"):
         needed.add("grad_finite")
     return frozenset(needed)
 
@@ -215,10 +215,7 @@ def _serial_plan(call: Call) -> Plan:
 
     No fact about the data is read (the choices it would inform pay only when the planes
     outgrow the caches or several threads share the work), and the executor keeps its
-    scratch between calls. The grid gradient sums PyTorch's own terms, right for any grad:
-    on a small call they cost what the separable form does, and the pass over grad that
-    would choose that form is saved (8³ points, 2 channels: kernels 26 us either way, the
-    pass 5 us).
+    scratch between calls.
     """
     backward = call.stage == Stage.BACKWARD
     nearest = call.interpolation == Interpolation.NEAREST
@@ -229,7 +226,7 @@ def _serial_plan(call: Call) -> Plan:
                 dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
                 dx_parts=int(backward and call.want_dx),
                 rows_joined=_rows_joined(call, 1, False),
-                exact_grid_gradient=want_dgrid)
+                exact_grid_gradient=want_dgrid and (call.dtype == "float64" or not call.grad_finite))
 
 
 def _threads(call: Call) -> int:

@@ -87,3 +87,9 @@ def hardware_gathers_pay(cpu_name: str) -> bool:
     0.92 of the backward's (docs/cpu.md, "Gathers"), so every Zen CPU gets scalar loads.
     """
     return not cpu_name.startswith("znver")
+
+
+def values() -> tuple:
+    """The constants' values now: part of the key of whatever is kept from one call for the next (a test may
+    change them)."""
+    return tuple(value for name, value in globals().items() if name.isupper())
