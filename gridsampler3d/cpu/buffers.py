@@ -110,10 +110,10 @@ def empty(shape, dtype: torch.dtype, memory_format: torch.memory_format = torch.
     anyway), dtypes other than the four floating ones, and any call while caching is off
     (``CACHED_BYTES`` 0) get ``torch.empty``'s own.
     """
-    shape = tuple(int(size) for size in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if dtype not in _TYPESTR or nbytes < tuning.CACHED_MIN_BYTES or tuning.CACHED_BYTES <= 0:
         return torch.empty(shape, dtype=dtype, memory_format=memory_format)
+    shape = tuple(int(size) for size in shape)
     strides = torch.empty(shape, dtype=dtype, memory_format=memory_format, device="meta").stride()
     block = _block(-(-(nbytes + _ALIGN) // _GRAIN) * _GRAIN)
     array = np.asarray(_Lease(block, shape, [stride * dtype.itemsize for stride in strides], _TYPESTR[dtype]))

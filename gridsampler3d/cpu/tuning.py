@@ -89,7 +89,11 @@ def hardware_gathers_pay(cpu_name: str) -> bool:
     return not cpu_name.startswith("znver")
 
 
+_NAMES = tuple(name for name in globals() if name.isupper())
+
+
 def values() -> tuple:
     """The constants' values now: part of the key of whatever is kept from one call for the next (a test may
     change them)."""
-    return tuple(value for name, value in globals().items() if name.isupper())
+    constants = globals()
+    return tuple(constants[name] for name in _NAMES)
