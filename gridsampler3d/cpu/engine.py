@@ -171,7 +171,7 @@ def describe(stage: Stage, x, field, interpolation, padding, align_corners, *, v
 # What was planned for calls seen before, by what describe() reads of them (shapes, strides,
 # dtypes, modes, outputs, threads) and tuning's values: (the description, the facts its plan
 # reads, the plans made so far by those facts). A call like an earlier one then plans with
-# two lookups (8³ points at two threads: 30 us to 6).
+# two lookups (an 8³ backward, in a loop: 26 us to 7).
 _PLANNED: dict = {}
 _PLANNED_MOST = 512
 
