@@ -124,8 +124,8 @@ def checked_backward(grad, x, field, interpolation, padding, align_corners, outp
         return None, None
     if grad.numel() == 0 or x.numel() == 0:
         dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if output_mask[0] else None
-        dfield = torch.zeros_like(field, memory_format=torch.preserve_format if warp else torch.contiguous_format)
-        return dx, (dfield if output_mask[1] else None)
+        layout = torch.preserve_format if warp else torch.contiguous_format  # a grid gradient is contiguous
+        return dx, (torch.zeros_like(field, memory_format=layout) if output_mask[1] else None)
     run = engine.warp_backward if warp else engine.backward
     return run(grad, x, field, interpolation, padding, align_corners, output_mask, deterministic)
 

@@ -76,7 +76,7 @@ def _field_operand(field: torch.Tensor, voxels: bool):
 @functools.cache
 def _nothing(dtype: torch.dtype) -> Operand:
     """The operand of an output not asked for: empty, zero strides (one per dtype: nothing writes it)."""
-    return Operand(np.empty(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype), (0, 0, 0, 0, 0))
+    return Operand(torch.empty(0, dtype=dtype).numpy(), (0, 0, 0, 0, 0))
 
 
 def _joinable(grid_like, out_like, width: int) -> bool:
@@ -190,7 +190,7 @@ def plan_call(stage: Stage, x, field, interpolation, padding, align_corners, *, 
             _PLANNED.clear()
         planned = _PLANNED[key] = (call, facts_needed(call), {})
     call, needed, plans = planned
-    facts = _facts(call, needed, field, grad) if needed else (None, None)
+    facts = _facts(call, needed, field, grad)
     plan = plans.get(facts)
     if plan is None:
         plan = plans[facts] = make_plan(dataclasses.replace(call, smooth=facts[0], grad_finite=facts[1]))
