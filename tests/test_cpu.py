@@ -591,11 +591,17 @@ def test_exact_grid_gradient_stays_vectorised():
 
 
 _OTHER_BUILD = """
-import json, sys, torch
+import json, sys, numba, torch
 import gridsampler3d as gs
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use
+
+def first_array(kind):  # the first array type in an operand, or in a record of operands, as tuples
+    while not isinstance(kind, numba.types.Array):
+        kind = kind[0]
+    return kind
+
 grad, x, grid = torch.load(sys.argv[1])
 y = gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba")
 dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", backend="numba")
@@ -604,8 +610,7 @@ gathers = []
 for kernel in (forward_kernel(0, 0, False, False, False, channels_last=False),
                backward_kernel(0, 0, False, not bool(torch.isfinite(grad.sum())), False, False, channels_last=False)):
     # freshly compiled (an empty cache), so the code can be inspected
-    signature = next(s for s in kernel.signatures if (s[0][0] if hasattr(s[0][0], "dtype") else s[0][0][0]).dtype.name
-                     == "float32")
+    signature = next(s for s in kernel.signatures if first_array(s[0]).dtype.name == "float32")
     gathers.append(kernel.part.inspect_asm(signature).count("gather"))
 print(json.dumps({"gathers_in_use": gathers_in_use(), "gathers": gathers}))
 """

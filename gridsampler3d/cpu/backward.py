@@ -19,7 +19,7 @@ from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_c
                     tap_weight, trilinear_cells, unsigned)
 from .coords import NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
-from .records import ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Operand, Points, RowRanges
+from .records import ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Geometry, Operand, Outputs, Points, RowRanges
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 class _Scratch(NamedTuple):
@@ -57,7 +57,8 @@ def _scratch(parts: int, operands, geometry, *rest):
 def _part_scratch(scratch, part):
     """Part ``part``'s rows of a :class:`_Scratch` (written out, not through :func:`.block.part_cells`: a helper
     inside a helper is optimised once more, and compile time is a first call's)."""
-    cells = scratch.cells
+    cells = Cells(*scratch[0])  # named again, as every record a kernel is given (:func:`.records.unnamed`)
+    scratch = _Scratch(cells, *scratch[1:])
     return _Scratch(Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
                           borrowed(cells.other_corner)[part], borrowed(cells.inside)[part],
                           borrowed(cells.lowest)[part], borrowed(cells.mx)[part], borrowed(cells.my)[part],
@@ -171,11 +172,13 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
     @part_kernel
     def kernel(operands, geometry, parts, rows, outputs, carry, unresolved_operand, scratch, part):
-        ops = BackwardOperands(borrow(operands.grad), borrow(operands.x), borrow(operands.grid),
-                               borrow(operands.dx), borrow(operands.dgrid))
+        # The records, given as plain tuples (:func:`.records.unnamed`), named again.
+        ops = BackwardOperands(borrow(operands[0]), borrow(operands[1]), borrow(operands[2]), borrow(operands[3]),
+                               borrow(operands[4]))
+        geometry, outputs = Geometry(*geometry), Outputs(*outputs)
         work = _part_scratch(scratch, part)
-        ranges = RowRanges(borrowed(rows.first), borrowed(rows.last))
-        carried = Carry(borrowed(carry.sums), carry.mode)
+        ranges = RowRanges(borrowed(rows[0]), borrowed(rows[1]))
+        carried = Carry(borrowed(carry[0]), carry[1])
         unresolved = borrowed(unresolved_operand)
         rule = CoordinateRule(padding, align_corners, False, exact_remainder, voxels)
         planes = (parts[part, 0], parts[part, 1], parts[0, 2])  # this part's planes; the carry's first row

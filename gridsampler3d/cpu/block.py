@@ -29,6 +29,7 @@ def scratch_cells(parts: int, multipliers: bool) -> Cells:
 @helper
 def part_cells(cells, part):
     """Part ``part``'s rows of phase A's scratch, as :class:`.records.Cells` of rows (see :func:`borrow`)."""
+    cells = Cells(*cells)  # named again, from the plain tuple a kernel is given (:func:`.records.unnamed`)
     return Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
                  borrowed(cells.other_corner)[part], borrowed(cells.inside)[part], borrowed(cells.lowest)[part],
                  borrowed(cells.mx)[part], borrowed(cells.my)[part], borrowed(cells.mz)[part])
@@ -36,8 +37,11 @@ def part_cells(cells, part):
 
 @helper
 def borrow(operand):
-    """``operand`` with its array :func:`.jit.borrowed`: how a kernel takes each operand it is given."""
-    return Operand(borrowed(operand.array), operand.strides)
+    """``operand`` with its array :func:`.jit.borrowed`: how a kernel takes each operand it is given.
+
+    Named again: a kernel is given its records as plain tuples (:func:`.records.unnamed`).
+    """
+    return Operand(borrowed(operand[0]), operand[1])
 
 
 @helper

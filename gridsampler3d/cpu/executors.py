@@ -17,7 +17,7 @@ from . import bicubic, pool
 from .backward import BackwardOperands, backward_kernel
 from .forward import forward_kernel
 from .planner import DxPass, GridPass, Plan, Strategy
-from .records import Carry, CarryMode, Geometry, Operand, Outputs, RowRanges
+from .records import Carry, CarryMode, Geometry, Operand, Outputs, RowRanges, unnamed
 from .slabs import depth_ranges, plan_slabs, row_parts
 
 __all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward"]
@@ -124,7 +124,7 @@ def _kept_scratch(kernel, arguments, channels: int) -> tuple:
     kept = _kept.__dict__.setdefault("scratch", {})
     held = kept.get(kernel.part)
     if held is None or held[0] < channels:
-        held = kept[kernel.part] = (channels, kernel.scratch(1, *arguments))
+        held = kept[kernel.part] = (channels, unnamed(kernel.scratch(1, *arguments)))
     return held[1]
 
 
@@ -133,9 +133,10 @@ def run_serial(build, arguments, channels: int) -> None:
     unresolved = getattr(_kept, "unresolved", None)
     if unresolved is None:
         unresolved = _kept.unresolved = np.zeros(1, np.int64)
+    plain = unnamed(arguments)  # as :meth:`.jit.Parallel.launch` passes them
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
-        kernel.part(*arguments, unresolved, *_kept_scratch(kernel, arguments, channels), 0)
+        kernel.part(*plain, unresolved, *_kept_scratch(kernel, arguments, channels), 0)
         if not unresolved[0]:
             return
 

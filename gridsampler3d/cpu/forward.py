@@ -19,7 +19,7 @@ from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_c
                     unsigned)
 from .coords import NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
-from .records import Cells, CoordinateRule, Points
+from .records import Cells, CoordinateRule, Geometry, Points
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -56,6 +56,8 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     @part_kernel
     def kernel(x_operand, grid_operand, y_operand, geometry, parts, unresolved_operand, scratch, part):
         x, grid, y = borrow(x_operand), borrow(grid_operand), borrow(y_operand)
+        # The records, given as plain tuples (:func:`.records.unnamed`), named again.
+        geometry, scratch = Geometry(*geometry), _Scratch(*scratch)
         unresolved = borrowed(unresolved_operand)
         cells = part_cells(scratch.cells, part)
         work = (borrowed(scratch.weights)[part], borrowed(scratch.offsets)[part], borrowed(scratch.totals)[part])

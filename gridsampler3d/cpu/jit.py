@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 from . import pool
+from .records import unnamed
 from .tuning import hardware_gathers_pay
 
 __all__ = ["TESTED_NUMBA", "Parallel", "borrowed", "describe", "gathers_in_use", "helper", "outlined_helper",
@@ -243,8 +244,11 @@ class Parallel:
         return self._scratch(count, *operands) if self._scratch is not None else ()
 
     def launch(self, *operands):
-        """(part kernel, operands with the scratch appended, part count): a launch for :func:`.pool.run_together`."""
+        """(part kernel, operands with the scratch appended, part count): a launch for :func:`.pool.run_together`.
+
+        The operands go to the kernel with their records as plain tuples (:func:`.records.unnamed`).
+        """
         count = self.part_count(*operands)
         if self._scratch is not None:
             operands += self._scratch(count, *operands)
-        return self.part, operands, count
+        return self.part, unnamed(operands), count

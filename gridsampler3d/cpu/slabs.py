@@ -20,7 +20,7 @@ from ..rounding import ROUNDER
 from .block import borrow
 from .coords import NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
-from .records import RowRanges
+from .records import Geometry, RowRanges
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -90,7 +90,8 @@ def _depth_ranges(grid_operand, geometry, modes, sampling, rows, parts, part):
     ``part`` of ``parts``, equal runs of the visited rows.
     """
     grid = borrow(grid_operand)
-    ranges = RowRanges(borrowed(rows.first), borrowed(rows.last))
+    # The records, given as plain tuples (:func:`.records.unnamed`), named again.
+    geometry, ranges = Geometry(*geometry), RowRanges(borrowed(rows[0]), borrowed(rows[1]))
     out_depth, out_height, _ = geometry.out_sizes
     row_step, every_row = sampling
     stride = 1 if every_row else row_step
