@@ -154,8 +154,8 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     ``parts`` (P, 4) gives each part its dx planes [first, end) (plane = n * D + z) and
     rows [first, end) (row = n * Do * Ho + d * Ho + h); ``rows``
     (:class:`.records.RowRanges`, from :func:`.slabs.depth_ranges`) lets a part skip rows
-    that miss its planes (a part that owns every plane needs no ranges: rows left at (0,
-    0) are walked). A part writes the grid gradient of every point in its rows, so a pass
+    that miss its planes (a part that owns every plane needs none: with empty ranges every
+    row is walked). A part writes the grid gradient of every point in its rows, so a pass
     that computes both outputs runs as one part. Nearest kernels compute dx only: their
     grid gradient is zero.
 
@@ -247,7 +247,9 @@ def _row_place(ops, geometry, voxels, row, planes, ranges, outputs, reach):
     z_lo = max(planes[0] - n * depth, 0)
     z_hi = min(planes[1] - n * depth, depth)
     in_slab = z_lo < z_hi
-    do_dx = in_slab and outputs.dx and ranges.last[row] + reach > z_lo and ranges.first[row] < z_hi
+    # Empty ranges: every row is walked (the part owns every plane).
+    do_dx = in_slab and outputs.dx and (ranges.first.size == 0 or (ranges.last[row] + reach > z_lo
+                                                                   and ranges.first[row] < z_hi))
     grid, dgrid, grad = ops.grid.strides, ops.dgrid.strides, ops.grad.strides
     # Where the row's x components start in grid and dgrid (a displacement's dx sits above dz).
     first_point = n * grid[0] + d * grid[1] + h * grid[2] - (2 * grid[4] if voxels else 0)

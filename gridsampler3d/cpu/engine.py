@@ -87,12 +87,16 @@ def _joinable(grid_like, out_like, width: int) -> bool:
 
 def _join_grid_like(operand: Operand, rows: int) -> Operand:
     """A grid-shaped operand with each run of ``rows`` output rows as one row."""
+    if rows == 1:
+        return operand
     s = operand.strides
     return Operand(operand.array, s[:2] + (rows * s[2],) + s[3:])
 
 
 def _join_out_like(operand: Operand, rows: int) -> Operand:
     """A volume-shaped output operand (grad, y) with each run of ``rows`` output rows as one row."""
+    if rows == 1:
+        return operand
     s = operand.strides
     return Operand(operand.array, s[:3] + (rows * s[3],) + s[4:])
 

@@ -25,6 +25,8 @@ __all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward
 # With one thread, whether a grid is smooth is judged from about this many of its rows.
 SAMPLED_ROWS = 256
 _NO_CARRY = Carry(np.empty(0), int(CarryMode.WHOLE))
+# No row ranges: a part that owns every plane walks every row.
+_EVERY_ROW = RowRanges(np.empty(0, np.int64), np.empty(0, np.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +56,6 @@ class BackwardWork:
     @property
     def planes(self) -> int:
         return self.geometry.batch * self.geometry.sizes[0]
-
-    @functools.cached_property
-    def unranged(self) -> RowRanges:
-        """Row ranges left at (0, 0), one per row: walked by a part that owns every plane."""
-        return RowRanges(np.zeros(self.rows, np.int64), np.zeros(self.rows, np.int64))
 
     def kernel(self, exact_remainder: bool):
         interpolation, padding, align_corners, voxels = self.modes
@@ -197,20 +194,15 @@ def _whole(work: BackwardWork) -> np.ndarray:
     return np.array([[0, work.planes, 0, work.rows]], np.int64)
 
 
-def _unranged(work: BackwardWork) -> RowRanges:
-    """Row ranges left at (0, 0): walked by a part that owns every plane."""
-    return work.unranged
-
-
 def _slabs(work: BackwardWork, count: int):
     """(parts, row ranges): ``count`` slabs of dx's planes, balanced by the points that reach them.
 
     One slab owns every plane and skips no row, so it needs no row ranges; several need
     every row's depth range (:func:`.slabs.depth_ranges`).
     """
-    ranges = _unranged(work)
     if count == 1:
-        return _whole(work), ranges
+        return _whole(work), _EVERY_ROW
+    ranges = RowRanges(np.zeros(work.rows, np.int64), np.zeros(work.rows, np.int64))
     interpolation, padding, align_corners, voxels = work.modes
     geometry = work.geometry
     depth_ranges(work.operands.grid, geometry, (int(interpolation), int(padding), bool(align_corners), voxels),
@@ -223,13 +215,13 @@ def _slabs(work: BackwardWork, count: int):
 
 def _grid_rows_launch(work: BackwardWork):
     """The grid gradient's launch by runs of rows, every channel at once."""
-    return (work.operands, work.geometry, row_parts(work.rows, work.planes, work.plan.runs), _unranged(work),
+    return (work.operands, work.geometry, row_parts(work.rows, work.planes, work.plan.runs), _EVERY_ROW,
             Outputs(False, True), _NO_CARRY)
 
 
 def _backward_fused(work: BackwardWork) -> None:
     """One thread walks a smooth grid once for both outputs."""
-    launch(work.kernel, [(work.operands, work.geometry, _whole(work), _unranged(work), Outputs(True, True),
+    launch(work.kernel, [(work.operands, work.geometry, _whole(work), _EVERY_ROW, Outputs(True, True),
                           _NO_CARRY)])
 
 
@@ -283,7 +275,7 @@ def _grid_by_channel_groups(work: BackwardWork) -> None:
         parts[:, 2:] += first
         carried = sums[:3 * (last - first) * width]
         launch(work.kernel, [(_channel_slice(work, low, high), work.geometry._replace(channels=high - low), parts,
-                              _unranged(work), Outputs(False, True), Carry(carried, int(_carry_mode(low, high, groups))))
+                              _EVERY_ROW, Outputs(False, True), Carry(carried, int(_carry_mode(low, high, groups))))
                              for low, high in groups])
 
 
@@ -300,7 +292,7 @@ def _dx_in_slabs(work: BackwardWork) -> None:
 
 def _dx_channel_launch(work: BackwardWork, low: int, high: int):
     return (_channel_slice(work, low, high), work.geometry._replace(channels=high - low), _whole(work),
-            _unranged(work), Outputs(True, False), _NO_CARRY)
+            _EVERY_ROW, Outputs(True, False), _NO_CARRY)
 
 
 def _dx_by_channel_groups(work: BackwardWork) -> None:
@@ -339,7 +331,7 @@ _DX_PASSES = {DxPass.NONE: _nothing, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_
 def _backward_serial(work: BackwardWork) -> None:
     """Every output asked for in one walk over the points, on the calling thread."""
     outputs = Outputs(work.plan.dx_pass != DxPass.NONE, work.plan.grid_pass == GridPass.ROWS)
-    run_serial(work.kernel, (work.operands, work.geometry, _whole(work), _unranged(work), outputs, _NO_CARRY),
+    run_serial(work.kernel, (work.operands, work.geometry, _whole(work), _EVERY_ROW, outputs, _NO_CARRY),
                work.geometry.channels)
 
 

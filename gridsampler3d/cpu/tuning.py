@@ -1,4 +1,5 @@
 """Tuning constants of the CPU engine (they change speed, never results)."""
+import operator
 import os
 
 # Channels-last data with at least this many channels runs the channel loop innermost
@@ -90,10 +91,10 @@ def hardware_gathers_pay(cpu_name: str) -> bool:
 
 
 _NAMES = tuple(name for name in globals() if name.isupper())
+_CONSTANTS = operator.itemgetter(*_NAMES)
 
 
 def values() -> tuple:
     """The constants' values now: part of the key of whatever is kept from one call for the next (a test may
     change them)."""
-    constants = globals()
-    return tuple(constants[name] for name in _NAMES)
+    return _CONSTANTS(globals())
