@@ -201,6 +201,14 @@ def plan_call(stage: Stage, x, field, interpolation, padding, align_corners, *, 
     return plan
 
 
+def _rounded(result: torch.Tensor, dtype: torch.dtype, layout) -> torch.Tensor:
+    """A result of the kernels in the caller's ``dtype`` (:func:`.rounding.round_once`) and ``layout``; the result
+    itself where the kernels computed in that dtype (it was made in that layout)."""
+    if result.dtype == dtype:
+        return result
+    return round_once(result, dtype).contiguous(memory_format=layout)
+
+
 class NumbaBackend:
     """Parallel Numba kernels for CPU tensors (see ``gridsampler3d.cpu``)."""
 
@@ -237,7 +245,7 @@ class NumbaBackend:
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
         run_forward(ForwardWork(plan, _operand(x), _join_grid_like(grid, k), _join_out_like(_operand(y), k),
                                 geometry, (interpolation, padding, align_corners, voxels)))
-        return round_once(y, dtype).contiguous(memory_format=layout)
+        return _rounded(y, dtype, layout)
 
     def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
         plan = plan_call(Stage.BACKWARD, x, field, interpolation, padding, align_corners, voxels=voxels, grad=grad,
@@ -283,7 +291,5 @@ class NumbaBackend:
     def _finish(dx, dgrid, dtype, layout, output_mask):
         """Round the float32/float64 results into the caller's dtype and layout (dgrid keeps its own);
         None where not asked for."""
-        dx = round_once(dx, dtype).contiguous(memory_format=layout) if output_mask[0] else None
-        if output_mask[1]:
-            dgrid = round_once(dgrid, dtype).contiguous(memory_format=memory_format_of(dgrid))
-        return dx, (dgrid if output_mask[1] else None)
+        dx = _rounded(dx, dtype, layout) if output_mask[0] else None
+        return dx, (_rounded(dgrid, dtype, memory_format_of(dgrid)) if output_mask[1] else None)
