@@ -305,6 +305,41 @@ def test_every_way_of_reading_the_grid_gives_the_same_bits(mode, threads):
         assert _equal(ddisplacement, ddisplacement_rows.permute(0, 4, 1, 2, 3))
 
 
+def _named_tuple_types(kind):
+    """The named-tuple types anywhere in a kernel argument's type."""
+    if isinstance(kind, numba.types.BaseNamedTuple):
+        yield kind
+    if isinstance(kind, numba.types.BaseTuple):
+        for inner in kind.types:
+            yield from _named_tuple_types(inner)
+
+
+def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
+    """Serial and parallel launches pass every record to Numba's dispatcher as a plain tuple (records.unnamed): it
+    fingerprints a named one in Python at every call, and a named one would compile the kernel again."""
+    from conftest import DEFAULT_PARALLEL_VALUES
+    from gridsampler3d.cpu import tuning
+    from gridsampler3d.cpu.records import Operand, unnamed
+
+    operand = Operand(np.zeros(2), (1, 1, 1, 1, 1))
+    arguments = (BackwardOperands(*[operand] * 5), Geometry(1, 2, (3, 4, 5), (6, 7, 8)), np.zeros(3), 4, (1, 2))
+    plain = unnamed(arguments)
+    assert [type(argument) for argument in plain] == [tuple, tuple, np.ndarray, int, tuple]
+    assert all(type(field) is tuple and field[0] is operand.array for field in plain[0])  # a record in a record
+    assert plain[1] == (1, 2, (3, 4, 5), (6, 7, 8)) and plain[2] is arguments[2] and plain[4] is arguments[4]
+    grad, x, grid = make_case(2, 3, (6, 7, 8), (5, 6, 9), torch.float32)
+    threads(2)
+    for parallel_values in (0, DEFAULT_PARALLEL_VALUES):  # every launch parallel; then one walk on this thread
+        monkeypatch.setattr(tuning, "PARALLEL_VALUES", parallel_values)
+        gs.grid_sampler3d(x, grid, backend="numba")
+        gs.grid_sampler3d_backward(grad, x, grid, backend="numba")
+    for kernel in (forward_kernel(0, 0, False, False, False, channels_last=False),
+                   backward_kernel(0, 0, False, False, False, False, channels_last=False)):
+        assert kernel.signatures
+        for signature in kernel.signatures:
+            assert not [named for kind in signature for named in _named_tuple_types(kind)], signature
+
+
 def test_small_calls_run_serially_with_the_same_bits(threads, monkeypatch):
     """Below tuning.PARALLEL_VALUES a call runs its one walk on the calling thread, handing nothing to the pool;
     above it, the forward's rows run as tuning.SHARED_RUNS runs per thread (runs of at least tuning.RUN_VALUES
