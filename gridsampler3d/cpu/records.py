@@ -10,7 +10,7 @@ Records cross into a kernel as plain tuples (:func:`unnamed`), and the kernel na
 again on entry (``Geometry(*geometry)``, :func:`.block.borrow`), where that costs
 nothing: Numba's dispatcher fingerprints a named tuple by its class and field names in
 Python, about 0.4 us a record against 0.07 us for a plain tuple, and a backward launch
-takes 16 records (6 us of an 8³ call's 20 us kernel call).
+takes 12 records (6 us of an 8³ call's 20 us kernel call).
 """
 from __future__ import annotations
 
