@@ -24,12 +24,14 @@ CPU_BACKENDS = [name for name in gs.available_backends()
 
 @pytest.fixture
 def split_small_calls(monkeypatch):
-    """Split even a small call into parts on the engine's threads, as a large call is split.
+    """Split even a small call into parts on the engine's threads, as a large call is split, and plan it on one
+    thread as a large volume is planned.
 
     For the modules that check, on the small volumes tests can afford, what the split does:
     results against the golden and across thread counts, every element written.
     """
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", 0)
+    monkeypatch.setattr(tuning, "SERIAL_ITEM_BYTES", 0)
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def sample(index: int):
     from gridsampler3d.cpu import tuning
 
     tuning.PARALLEL_VALUES = 0  # these cases are small: split them anyway, as a large call is
+    tuning.SERIAL_ITEM_BYTES = 0  # and plan them on one thread as a large volume is
     results = []
     for mode, padding, dtype in SAMPLED:
         grad, x, grid = _inputs(index, dtype)

@@ -1,6 +1,7 @@
 """The CPU engine's planner: its decisions on descriptions of calls alone (no kernel runs), and the plan the engine
 runs being the one :func:`gridsampler3d.explain` shows."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -12,8 +13,9 @@ from gridsampler3d.cpu import executors, tuning
 from gridsampler3d.cpu.planner import Call, DxPass, GridPass, Stage, Strategy, facts_needed, make_plan
 from gridsampler3d.modes import Interpolation, Padding
 
-# Enough output values to run on several threads (tuning.PARALLEL_VALUES).
-LARGE = (32, 32, 32)
+# Enough output values to run on several threads (tuning.PARALLEL_VALUES), and planes that outgrow the cache on
+# one thread (tuning.SERIAL_ITEM_BYTES), even with one channel.
+LARGE = (64, 64, 64)
 
 
 def backward(**fields) -> Call:
@@ -42,12 +44,31 @@ def test_one_thread_walks_a_smooth_grid_once_for_both_outputs():
     assert many.strategy == Strategy.PASSES and (many.grid_pass, many.dx_pass) == (GridPass.ROWS, DxPass.SLABS)
 
 
+def test_one_thread_walks_a_batch_of_volumes_that_fit_the_cache_once():
+    """On one thread, a call whose every batch item's planes (x's and dx's) fit tuning.SERIAL_ITEM_BYTES takes the
+    one walk at any size, reading no fact about the data; larger items, or several threads, are planned."""
+    crops = backward(batch=64, channels=2, sizes=(16, 16, 16), out_sizes=(16, 16, 16), threads=1, smooth=None)
+    assert crops.points * crops.channels >= tuning.PARALLEL_VALUES  # not small by its values
+    assert make_plan(crops).strategy == Strategy.SERIAL and facts_needed(crops) == frozenset({"grad_finite"})
+    assert make_plan(dataclasses.replace(crops, threads=2, smooth=True)).strategy == Strategy.BESIDE
+    # 32³ float32 planes of x and dx: 1 MiB for four channels, more for five; float64 fits half the channels
+    edge = backward(batch=4, channels=4, sizes=(32, 32, 32), threads=1)
+    assert 2 * 4 * 32 ** 3 * 4 == tuning.SERIAL_ITEM_BYTES
+    assert make_plan(edge).strategy == Strategy.SERIAL
+    assert make_plan(dataclasses.replace(edge, channels=5)).strategy != Strategy.SERIAL
+    assert make_plan(dataclasses.replace(edge, channels=2, dtype="float64")).strategy == Strategy.SERIAL
+    assert make_plan(dataclasses.replace(edge, channels=3, dtype="float64")).strategy != Strategy.SERIAL
+    forward_crops = forward(batch=64, channels=2, sizes=(16, 16, 16), out_sizes=(16, 16, 16), threads=1)
+    assert make_plan(forward_crops).strategy == Strategy.SERIAL
+    assert make_plan(backward(threads=1, channels=1)).strategy == Strategy.FUSED  # 64³: 2 MiB an item
+
+
 def test_several_threads_put_dx_beside_the_grid_gradient():
     for threads in (2, 3, 4):
         plan = make_plan(backward(threads=threads))
         assert plan.strategy == Strategy.BESIDE and plan.dx_parts == threads - threads // 2
         # runs of at least RUN_VALUES output values, one per thread at least
-        assert plan.runs == max(threads, min(tuning.SHARED_RUNS * threads, 32 ** 3 * 4 // tuning.RUN_VALUES))
+        assert plan.runs == max(threads, min(tuning.SHARED_RUNS * threads, math.prod(LARGE) * 4 // tuning.RUN_VALUES))
 
 
 def test_a_random_grid_with_many_channels_runs_channel_groups():
@@ -103,7 +124,7 @@ def test_many_channel_ncdhw_backwards_run_on_channels_last_copies(dtype, channel
 
 
 def test_short_rows_are_walked_several_at_a_time():
-    call = forward(batch=20, out_sizes=(4, 6, 20), threads=1)  # enough values for two threads
+    call = forward(batch=60, out_sizes=(4, 6, 20), threads=1)  # enough values for two threads
     assert make_plan(call).rows_joined == 6
     assert make_plan(dataclasses.replace(call, threads=2)).rows_joined == 3
     assert make_plan(dataclasses.replace(call, rows_joinable=False)).rows_joined == 1
@@ -176,7 +197,7 @@ def test_explain_refuses_what_it_cannot_plan():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("size", [8, 40], ids=["numpy-sum", "torch-sum"])
+@pytest.mark.parametrize("size", [8, 48], ids=["numpy-sum", "torch-sum"])
 def test_grad_is_finite_exactly_when_every_element_is(dtype, size):
     """The fact is about the elements, whichever way the sum is taken (NumPy below PARALLEL_VALUES values, torch
     above): a finite grad whose sum overflows is finite; one inf or NaN anywhere is not."""

@@ -206,8 +206,13 @@ def make_plan(call: Call) -> Plan:
 
 
 def _small(call: Call) -> bool:
-    """Whether a call is too small to win back a hand-off to another thread (about 0.1 ms)."""
-    return call.points * call.channels < tuning.PARALLEL_VALUES
+    """Whether a call runs as one walk on the calling thread (:func:`_serial_plan`): too small to win back a
+    hand-off to another thread, or on one thread with every batch item's planes in the cache
+    (``tuning.SERIAL_ITEM_BYTES``)."""
+    if call.points * call.channels < tuning.PARALLEL_VALUES:
+        return True
+    item_bytes = 2 * call.channels * math.prod(call.sizes) * call.kernel_itemsize  # x's planes and dx's
+    return call.threads == 1 and item_bytes <= tuning.SERIAL_ITEM_BYTES
 
 
 def _serial_plan(call: Call) -> Plan:

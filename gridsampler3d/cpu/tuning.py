@@ -17,10 +17,22 @@ BLOCK = 128
 # rows in pairs: forward 0.86 to 0.92 of the time, backward 0.78 (near64) to 0.97).
 LONG_ROW_POINTS = 1024
 
-# A call with fewer output values (points times channels) than this runs as one part on
-# the calling thread: handing a part to another thread costs about 0.1 ms, which a
-# smaller call would not win back.
-PARALLEL_VALUES = 1 << 15
+# A call with fewer output values (points times channels) than this runs as one walk on
+# the calling thread: handing parts to another thread (about 0.1 ms) and its operands to
+# another core's caches costs more than a second thread wins back. Float32 bilinear
+# backward at two threads, the walk on the calling thread against the plan for two
+# threads: 55,296 and 65,536 values 0.61 to 0.84 of the time (random and affine grids;
+# N=8 C=2 16³, N=2 C=2 24³, C=2 32³); 110,592 to 131,072 values 0.81 to 0.95 on random
+# grids but 1.06 to 1.12 on affine ones (N=4 C=2 24³, C=4 32³, N=2 C=2 32³).
+PARALLEL_VALUES = 3 << 15
+# On one thread, a call whose every batch item's planes (x's and dx's: channels x D x H x W
+# in the kernels' dtype, each) fit in this many bytes runs as that walk too, at any size:
+# a random grid's scatter then stays in the cache, so the one walk beats a pass per output,
+# and the smoothness verdict and fresh scratch would buy nothing. Float32 bilinear
+# backward, one thread, the walk against the planned passes or fused walk: items of 0.06
+# to 1 MiB 0.69 to 0.81 of the time; 1.5 MiB 0.87 to 1.01; 1.7 to 2 MiB 1.11 to 1.42 on
+# random grids (0.92 to 0.94 on affine ones).
+SERIAL_ITEM_BYTES = 1 << 20
 
 # At several threads, a pass by rows (the forward, the grid gradient) runs as this many
 # runs of rows per thread, each taken by whichever thread is free (beside dx, by the dx
