@@ -1,9 +1,15 @@
 """grid_sample under DistributedDataParallel: 2 gloo processes train like one process."""
+import gc
 import os
 import socket
 
 import torch
 import torch.distributed as dist
+# torch.distributed.nn binds group.WORLD into its functions' default arguments when it is
+# imported. Imported later (building an optimiser imports it through torch._dynamo), it
+# would hold the live group, so destroy_process_group could not free it: gloo's threads
+# would outlive the interpreter, and tearing them down at exit aborted a rank now and then.
+import torch.distributed.nn  # noqa: F401
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
@@ -46,17 +52,25 @@ def _worker(rank, world_size, port, result_path):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = DistributedDataParallel(TinyRegistration())
-    moving, fixed = _data()
-    shard = slice(rank * 2, rank * 2 + 2)  # each rank trains on its half of the batch
-    parameters = _train(model, moving[shard], fixed[shard])
+    parameters = _train_shard(rank)
     if rank == 0:
         torch.save(parameters, result_path)
     # Tear the group down only once every rank is done with it: a rank that leaves while its
     # peer still talks to it makes gloo abort the peer (seen about 1 run in 7 here).
     dist.barrier()
+    # DistributedDataParallel sits in a reference cycle, and its reducer holds the group:
+    # collect it now, so that destroy_process_group frees the group and joins gloo's threads
+    # while the interpreter is whole, not at exit.
+    gc.collect()
     dist.destroy_process_group()
+
+
+def _train_shard(rank):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(TinyRegistration())
+    moving, fixed = _data()
+    shard = slice(rank * 2, rank * 2 + 2)  # each rank trains on its half of the batch
+    return _train(model, moving[shard], fixed[shard])
 
 
 def _free_port():
