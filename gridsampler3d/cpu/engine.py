@@ -123,10 +123,10 @@ def _finite(grad) -> bool:
     """
     values = grad.float() if grad.dtype in HALF_DTYPES else grad
     if values.numel() < tuning.PARALLEL_VALUES:
-        total = np.add.reduce(values.detach().numpy(), axis=None)
+        finite_sum = bool(np.isfinite(np.add.reduce(values.detach().numpy(), axis=None)))
     else:
-        total = values.sum()
-    return bool(np.isfinite(total)) or bool(torch.isfinite(values).all())
+        finite_sum = bool(torch.isfinite(values.sum()))
+    return finite_sum or bool(torch.isfinite(values).all())
 
 
 def _facts(call: Call, needed, field, grad) -> tuple:
