@@ -6,7 +6,6 @@ enums (which are ``int`` subclasses carrying the aclnn integer codes) travel.
 from __future__ import annotations
 
 import enum
-import functools
 
 __all__ = ["Interpolation", "Padding", "DataFormat", "DisplacementFormat", "parse_interpolation", "parse_padding",
            "parse_data_format", "parse_displacement_format", "parse_align_corners", "parse_output_mask"]
@@ -42,17 +41,19 @@ class DisplacementFormat(str, enum.Enum):
     NDHW3 = "NDHW3"  # (N, D, H, W, 3)
 
 
-@functools.cache
-def _lower_names(enum_type) -> dict:
-    """{"bilinear": Interpolation.BILINEAR, ...}: each member by its lower-case name."""
-    return {member.name.lower(): member for member in enum_type}
+# {Interpolation: {"bilinear": Interpolation.BILINEAR, ...}, Padding: {...}}: each member by its
+# lower-case name. A plain dict, not a cached function: torch.export traces these parsers, and
+# Dynamo warns at every cached function it meets.
+_LOWER_NAMES = {enum_type: {member.name.lower(): member for member in enum_type}
+                for enum_type in (Interpolation, Padding)}
 
 
 def _parse_enum(value, enum_type, what: str):
     if isinstance(value, enum_type):  # first: the engines' own calls pass members
         return value
-    if isinstance(value, str) and value in _lower_names(enum_type):  # the common spelling, at no cost
-        return _lower_names(enum_type)[value]
+    lower_names = _LOWER_NAMES[enum_type]
+    if isinstance(value, str) and value in lower_names:  # the common spelling, at no cost
+        return lower_names[value]
     if type(value) is int and value in enum_type._value2member_map_:  # an aclnn code (the custom ops pass these)
         return enum_type(value)
     names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
