@@ -196,6 +196,9 @@ def test_explain_refuses_what_it_cannot_plan():
         gs.explain(x, grid, interpolation_mode="cubic-ish")
 
 
+# The huge grad below overflows NumPy's sum on purpose, and NumPy says so; guarding every call's sum
+# with np.errstate against such a grad would cost more than the sum (3 us against 2 at 8^3).
+@pytest.mark.filterwarnings("ignore:overflow encountered in reduce:RuntimeWarning")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("size", [8, 48], ids=["numpy-sum", "torch-sum"])
 def test_grad_is_finite_exactly_when_every_element_is(dtype, size):
