@@ -11,7 +11,7 @@ as soon as it has a result, so that a run cut short still returns everything bef
    forward, fast and deterministic backward, and each ``output_mask`` (dx only, dgrid
    only); bytes moved against the copy bandwidth;
 3. registers: registers and spills of every kernel compiled so far, from the driver, and
-   the launch shapes the tuner chose (``gridsampler3d.gpu.tuning``) with each candidate's time;
+   the launch shapes the tuner chose (``gridsampler3d.gpu.autotune``) with each candidate's time;
 4. correctness: the mode matrix (bicubic included) x layouts, float32 first, then the half
    types and float64, both backward modes, by the precision rule, until the budget
    is spent (``check_done`` says how far it got);
@@ -87,7 +87,7 @@ class Run:
         if phase:
             self.report["phases_done"].append(phase)
         self.report["elapsed_s"] = time.perf_counter() - self.started
-        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=1) + "\n")
+        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=1, default=str) + "\n")
         (self.out / "gpu_check.md").write_text(markdown(self.report) + "\n")
 
 
@@ -247,7 +247,7 @@ def phase_speed(run: Run, suite, scale: float, reserve: float) -> None:
 
 def phase_registers(run: Run) -> None:
     """Registers and spills per compiled kernel, as the driver loaded them."""
-    from gridsampler3d.gpu import backward, bicubic, forward, tuning
+    from gridsampler3d.gpu import autotune, backward, bicubic, forward
 
     kernels = []
     for module in (forward, backward, bicubic):
@@ -259,7 +259,7 @@ def phase_registers(run: Run) -> None:
                                     "spills": getattr(compiled, "n_spills", None),
                                     "num_warps": compiled.metadata.num_warps})
     run.report["registers"] = kernels
-    run.report["tuning"] = tuning.TUNER.report()
+    run.report["tuning"] = autotune.TUNER.report()
     run.save("registers")
 
 

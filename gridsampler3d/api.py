@@ -18,8 +18,8 @@ import torch
 
 from .backends import select_backend
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
-from .modes import (DisplacementFormat, parse_align_corners, parse_data_format, parse_displacement_format,
-                    parse_interpolation, parse_output_mask, parse_padding)
+from .modes import DisplacementFormat, parse_data_format, parse_displacement_format, parse_output_mask
+from .sampling import Field, FieldKind, Outputs, Sampling
 from .validate import check_backward, check_deterministic, check_forward, check_warp, check_warp_backward
 
 __all__ = ["explain", "grid_sampler3d", "grid_sampler3d_backward", "warp3d", "warp3d_backward"]
@@ -30,6 +30,37 @@ def _like_caller(tensor, reference_operand):
     if tensor is None or isinstance(reference_operand, torch.Tensor):
         return tensor
     return np.ascontiguousarray(tensor.numpy())
+
+
+def sample(x: torch.Tensor, field: Field, sampling: Sampling, backend: str = "auto") -> torch.Tensor:
+    """The forward of checked operands, for every kind of field: ``x`` (N, C, D, H, W), logical NCDHW, sampled at
+    ``field`` by the backend named ``backend`` -> (N, C, Do, Ho, Wo), laid out like ``x``."""
+    engine = select_backend(backend, x.device)
+    if x.numel() == 0 or field.tensor.numel() == 0:
+        out_shape = tuple(x.shape[:2]) + field.out_sizes
+        return torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
+    return engine.forward(x, field, sampling)
+
+
+def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs, *,
+                    backend: str = "auto", deterministic: bool | None = None):
+    """The backward of checked operands, for every kind of field, on logical NCDHW tensors: what
+    :func:`grid_sampler3d_backward` and :func:`warp3d_backward` run after their checks.
+
+    Autograd's backward calls it directly: its forward checked the operands, and autograd
+    gives grad the output's shape and dtype. Returns ``(dx, dfield)`` as the engine lays
+    them out (:class:`.backends.Backend`); None where ``outputs`` leaves one out.
+    """
+    engine = select_backend(backend, x.device)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if not any(outputs):
+        return None, None
+    if grad.numel() == 0 or x.numel() == 0:
+        dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None
+        dfield = torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None
+        return dx, dfield
+    return engine.backward(grad, x, field, sampling, outputs, deterministic)
 
 
 def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zeros",
@@ -52,20 +83,11 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
         The sampled volume, (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C), of the kind, dtype,
         device and layout of ``input``.
     """
-    interpolation = parse_interpolation(interpolation_mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
     data_format = parse_data_format(data_format)
     caller_input = input
     input, grid = check_forward(input, grid, data_format)
-    x = to_ncdhw(input, data_format)
-    engine = select_backend(backend, x.device)
-    batch, channels = x.shape[:2]
-    out_shape = (batch, channels) + tuple(grid.shape[1:4])
-    if x.numel() == 0 or grid.numel() == 0:
-        y = torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
-    else:
-        y = engine.forward(x, grid, interpolation, padding, align_corners)
+    y = sample(to_ncdhw(input, data_format), Field.grid(grid), sampling, backend)
     return _like_caller(from_ncdhw(y, data_format), caller_input)
 
 
@@ -91,48 +113,25 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
         All operands share one dtype and device; torch tensors in, torch tensors out,
         NumPy arrays in, NumPy arrays out.
     """
-    interpolation = parse_interpolation(interpolation_mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
-    output_mask = parse_output_mask(output_mask)
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
+    outputs = Outputs(*parse_output_mask(output_mask))
     data_format = parse_data_format(data_format)
     deterministic = check_deterministic(deterministic)
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    grad, x = to_ncdhw(grad, data_format), to_ncdhw(input, data_format)
-    dx, dgrid = checked_backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
-                                 backend=backend, deterministic=deterministic)
+    dx, dgrid = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(input, data_format), Field.grid(grid),
+                                sampling, outputs, backend=backend, deterministic=deterministic)
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
     return dx, _like_caller(dgrid, caller_grid)
 
 
-def checked_backward(grad, x, field, interpolation, padding, align_corners, output_mask, *, warp=False,
-                     backend="auto", deterministic=None):
-    """The backward of operands already checked: what :func:`grid_sampler3d_backward` (or, with ``warp``,
-    :func:`warp3d_backward`) runs after its checks, on NCDHW tensors, the displacement as (N, 3, D, H, W).
-
-    ``interpolation``, ``padding``, ``align_corners`` and ``output_mask`` as the parse
-    functions of :mod:`.modes` return them. Autograd's backward calls it directly: its
-    forward checked the operands, and autograd gives grad the output's shape and dtype.
-    Returns ``(dx, dfield)`` in the engine's layouts; None where not asked for.
-    """
-    engine = select_backend(backend, x.device)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    if not any(output_mask):
-        return None, None
-    if grad.numel() == 0 or x.numel() == 0:
-        dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if output_mask[0] else None
-        layout = torch.preserve_format if warp else torch.contiguous_format  # a grid gradient is contiguous
-        return dx, (torch.zeros_like(field, memory_format=layout) if output_mask[1] else None)
-    run = engine.warp_backward if warp else engine.backward
-    return run(grad, x, field, interpolation, padding, align_corners, output_mask, deterministic)
-
-
-def _displacement_to_n3dhw(displacement: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
-    """A zero-copy logical (N, 3, D, H, W) view of a displacement given in ``displacement_format``."""
-    return displacement.permute(0, 4, 1, 2, 3) if displacement_format == DisplacementFormat.NDHW3 else displacement
+def displacement_field(displacement: torch.Tensor, displacement_format: DisplacementFormat) -> Field:
+    """The :class:`.sampling.Field` of a displacement given in ``displacement_format``: a zero-copy logical
+    (N, 3, D, H, W) view."""
+    if displacement_format == DisplacementFormat.NDHW3:
+        displacement = displacement.permute(0, 4, 1, 2, 3)
+    return Field.displacement(displacement)
 
 
 def _displacement_from_n3dhw(tensor: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
@@ -167,20 +166,13 @@ def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="bo
     Returns:
         The warped volume, shaped, typed and laid out like ``volume``.
     """
-    interpolation = parse_interpolation(interpolation_mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
     data_format = parse_data_format(data_format)
     displacement_format = parse_displacement_format(displacement_format)
     caller_volume = volume
     volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
-    x = to_ncdhw(volume, data_format)
-    field = _displacement_to_n3dhw(displacement, displacement_format)
-    engine = select_backend(backend, x.device)
-    if x.numel() == 0:
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
-    else:
-        y = engine.warp(x, field, interpolation, padding, align_corners)
+    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling,
+               backend)
     return _like_caller(from_ncdhw(y, data_format), caller_volume)
 
 
@@ -204,19 +196,16 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
         d position / d displacement is 1: ddisplacement is the gradient with respect to the
         voxel position, through padding (nearest: zero).
     """
-    interpolation = parse_interpolation(interpolation_mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
-    output_mask = parse_output_mask(output_mask, "dvolume, ddisplacement")
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
+    outputs = Outputs(*parse_output_mask(output_mask, "dvolume, ddisplacement"))
     data_format = parse_data_format(data_format)
     displacement_format = parse_displacement_format(displacement_format)
     deterministic = check_deterministic(deterministic)
     caller_volume, caller_displacement = volume, displacement
     grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
-    grad, x = to_ncdhw(grad, data_format), to_ncdhw(volume, data_format)
-    field = _displacement_to_n3dhw(displacement, displacement_format)
-    dx, dfield = checked_backward(grad, x, field, interpolation, padding, align_corners, output_mask, warp=True,
-                                  backend=backend, deterministic=deterministic)
+    dx, dfield = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format),
+                                 displacement_field(displacement, displacement_format), sampling, outputs,
+                                 backend=backend, deterministic=deterministic)
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
     if dfield is not None:
@@ -224,39 +213,64 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     return dx, dfield
 
 
-def explain(input, grid, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-            output_mask=(True, True), data_format="NCDHW", warp=False):
-    """The CPU engine's plan for a call, made as the call would make it, without running any kernel.
+def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
+            output_mask=(True, True), data_format="NCDHW", field_kind="grid", device=None, deterministic=None):
+    """The plan an engine makes for a call, made as the call would make it, without running any kernel.
 
     With ``grad`` the plan is the backward's (:func:`grid_sampler3d_backward`), else the
-    forward's (:func:`grid_sampler3d`). With ``warp`` the call is the fused warp
-    (:func:`warp3d`): ``grid`` is then the displacement (N, 3, D, H, W). The plan depends
-    on the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where
-    it matters, on whether the grid is smooth and grad finite (measured here, in torch).
+    forward's (:func:`grid_sampler3d`). ``field`` is the grid (N, Do, Ho, Wo, 3) or, with
+    ``field_kind="displacement"``, the fused warp's displacement (N, 3, D, H, W)
+    (:func:`warp3d`).
 
-    Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`); CPU tensors.
+    CPU tensors get the CPU engine's plan (:mod:`gridsampler3d.cpu.planner`): it depends on
+    the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where it
+    matters, on whether the grid is smooth and grad finite (measured here, in torch).
+    CUDA tensors, or any tensors with ``device="cuda"`` (meta tensors too, without a GPU),
+    get the GPU engine's plan (:mod:`gridsampler3d.gpu.planner`), made from the shapes,
+    strides, dtype, modes, outputs, ``deterministic`` (None: torch's flag) and the GPU's
+    compute capability (sm_90 where there is no GPU).
+
+    Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`).
 
     Returns:
-        ``gridsampler3d.cpu.planner.Plan``: a frozen record of the strategy and its
-        parameters; ``str(plan)`` reads as one line.
+        A frozen plan record; ``str(plan)`` reads as one line.
     """
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
+    data_format = parse_data_format(data_format)
+    outputs = Outputs(*parse_output_mask(output_mask))
+    kind = _parse_field_kind(field_kind)
+    if kind == FieldKind.DISPLACEMENT:
+        checked = check_warp(input, field, data_format, DisplacementFormat.N3DHW) if grad is None else \
+            check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+    else:
+        checked = check_forward(input, field, data_format) if grad is None else \
+            check_backward(grad, input, field, data_format)
+    grad, input, field_tensor = (None, *checked) if grad is None else checked
+    x = to_ncdhw(input, data_format)
+    grad = None if grad is None else to_ncdhw(grad, data_format)
+    device = torch.device(device) if device is not None else x.device
+    field = Field(kind, field_tensor)
+    if device.type == "cuda":
+        from .gpu.engine import plan_call as plan_gpu_call
+
+        deterministic = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
+        return plan_gpu_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic),
+                             device=device)
+    if device.type != "cpu" or x.device.type != "cpu":
+        raise ValueError(f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
+                         f"{x.device} and device={device}")
     from .cpu.engine import plan_call
     from .cpu.planner import Stage
 
-    interpolation, padding = parse_interpolation(interpolation_mode), parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
-    data_format = parse_data_format(data_format)
-    output_mask = parse_output_mask(output_mask)
-    if warp:
-        checked = check_warp(input, grid, data_format, DisplacementFormat.N3DHW) if grad is None else \
-            check_warp_backward(grad, input, grid, data_format, DisplacementFormat.N3DHW)
-    else:
-        checked = check_forward(input, grid, data_format) if grad is None else \
-            check_backward(grad, input, grid, data_format)
-    grad, input, grid = (None, *checked) if grad is None else checked
-    if input.device.type != "cpu":
-        raise ValueError(f"explain: plans are made by the CPU engine; the tensors are on {input.device}")
-    x = to_ncdhw(input, data_format)
     stage = Stage.FORWARD if grad is None else Stage.BACKWARD
-    return plan_call(stage, x, grid, interpolation, padding, align_corners, voxels=warp,
-                     grad=None if grad is None else to_ncdhw(grad, data_format), output_mask=output_mask)
+    return plan_call(stage, x, field, sampling, grad=grad, outputs=outputs)
+
+
+def _parse_field_kind(value) -> FieldKind:
+    """"grid" or "displacement" (or a :class:`.sampling.FieldKind`) -> FieldKind."""
+    if isinstance(value, FieldKind):
+        return value
+    names = {kind.name.lower(): kind for kind in FieldKind}
+    if not isinstance(value, str) or value.strip().lower() not in names:
+        raise ValueError(f"field_kind must be one of {', '.join(map(repr, names))}; got {value!r}")
+    return names[value.strip().lower()]

@@ -1,37 +1,52 @@
-"""Backend registry: which engine runs a call.
+"""Backend registry: which engine runs a call, and the contract every engine keeps (:class:`Backend`).
 
 A backend receives torch tensors already validated and in logical NCDHW order (an NDHWC
-operand arrives as a permuted, channels-last strided view; nothing is copied on the way)
-and returns tensors in logical NCDHW order, laid out like its ``x``:
-
-    forward(x, grid, interpolation, padding, align_corners) -> y
-    backward(grad, x, grid, interpolation, padding, align_corners, output_mask,
-             deterministic) -> (dx or None, dgrid or None)
-
-and the fused warp, with ``displacement`` a logical (N, 3, D, H, W) tensor ((dz, dy, dx)
-in voxels, any strides) and ``ddisplacement`` laid out like it:
-
-    warp(x, displacement, interpolation, padding, align_corners) -> y
-    warp_backward(grad, x, displacement, interpolation, padding, align_corners, output_mask,
-                  deterministic) -> (dx or None, ddisplacement or None)
+operand arrives as a permuted, channels-last strided view; nothing is copied on the way),
+the field as a :class:`.sampling.Field` and the rule as a :class:`.sampling.Sampling`, and
+returns tensors in logical NCDHW order, laid out like its ``x``; a field's gradient comes
+back shaped like the field's tensor, in :meth:`.sampling.Field.gradient_format`.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import warnings
+from typing import Protocol
 
 import torch
 
 from . import reference
 from .layout import memory_format_of
-from .modes import Interpolation, Padding
 from .rounding import round_once
+from .sampling import Field, Outputs, Sampling
 
-__all__ = ["BACKENDS", "available_backends", "select_backend", "describe_backends", "auto_choices",
+__all__ = ["BACKENDS", "Backend", "available_backends", "select_backend", "describe_backends", "auto_choices",
            "cpu_engine", "library_versions", "ReferenceBackend"]
 
 # The device types a backend is asked about when it describes itself.
 DEVICE_TYPES = ("cpu", "cuda")
+
+
+class Backend(Protocol):
+    """What every engine implements: the NumPy reference, the Numba CPU engine and the Triton GPU engine."""
+
+    name: str
+
+    def unavailable_reason(self) -> str | None:
+        """Why the engine cannot run here (a missing package, no device), or None."""
+
+    def supports(self, device: torch.device) -> bool:
+        """Whether the engine runs tensors on ``device``."""
+
+    def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
+        """y (N, C, Do, Ho, Wo): ``x`` (N, C, D, H, W) sampled at ``field``, laid out like ``x``."""
+
+    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
+                 deterministic: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dx like ``x``, the field's gradient like ``field.tensor``), None where ``outputs`` leaves one out.
+
+        ``grad`` is (N, C, Do, Ho, Wo); ``deterministic`` asks for the same bits on every run
+        (the CPU engines always give them).
+        """
 
 
 def _to_float64_numpy(tensor: torch.Tensor):
@@ -45,11 +60,7 @@ def _tensor_like(values, like: torch.Tensor, memory_format: torch.memory_format)
 
 
 class ReferenceBackend:
-    """The NumPy float64 golden: computes in float64 on the CPU, rounds once to the dtype.
-
-    The grid sampler and the fused warp run the same code: :mod:`.reference`'s warp samples
-    at the displacement's voxel positions with the grid sampler's functions.
-    """
+    """The NumPy float64 golden: computes in float64 on the CPU, rounds once to the dtype."""
 
     name = "reference"
 
@@ -59,37 +70,16 @@ class ReferenceBackend:
     def supports(self, device: torch.device) -> bool:
         return True
 
-    def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        return _sample(reference.grid_sampler3d_fwd, x, grid, interpolation, padding, align_corners)
+    def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
+        y = reference.sample(_to_float64_numpy(x), _to_float64_numpy(field.tensor), field.kind, sampling)
+        return _tensor_like(y, x, memory_format_of(x))
 
-    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding,
-                 align_corners: bool, output_mask, deterministic: bool):
-        return _gradients(reference.grid_sampler3d_bwd, grad, x, grid, torch.contiguous_format, interpolation,
-                          padding, align_corners, output_mask)
-
-    def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        return _sample(reference.warp_fwd, x, displacement, interpolation, padding, align_corners)
-
-    def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
-                      align_corners: bool, output_mask, deterministic: bool):
-        return _gradients(reference.warp_bwd, grad, x, displacement, memory_format_of(displacement), interpolation,
-                          padding, align_corners, output_mask)
-
-
-def _sample(golden, x, field, interpolation, padding, align_corners):
-    """``golden`` (``reference.grid_sampler3d_fwd`` or ``warp_fwd``) of ``x`` at ``field`` (a grid or a
-    displacement): y (N, C, Do, Ho, Wo), laid out like ``x``."""
-    y = golden(_to_float64_numpy(x), _to_float64_numpy(field), interpolation, padding, align_corners)
-    return _tensor_like(y, x, memory_format_of(x))
-
-
-def _gradients(golden, grad, x, field, field_format, interpolation, padding, align_corners, output_mask):
-    """``golden`` (``reference.grid_sampler3d_bwd`` or ``warp_bwd``): (dx laid out like ``x``, d field shaped
-    like ``field`` in ``field_format``), None for an output ``output_mask`` leaves out."""
-    dx, dfield = golden(_to_float64_numpy(grad), _to_float64_numpy(x), _to_float64_numpy(field), interpolation,
-                        padding, align_corners, output_mask)
-    return (None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
-            None if dfield is None else _tensor_like(dfield, field, field_format))
+    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
+                 deterministic: bool):
+        dx, dfield = reference.sample_backward(_to_float64_numpy(grad), _to_float64_numpy(x),
+                                               _to_float64_numpy(field.tensor), field.kind, sampling, outputs)
+        return (None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
+                None if dfield is None else _tensor_like(dfield, field.tensor, field.gradient_format()))
 
 
 class _Missing:
@@ -208,7 +198,7 @@ def cpu_engine() -> str | None:
     from .cpu import jit, pool
 
     threads = {"team": "torch's OpenMP team", "workers": "the engine's worker threads"}[pool.route()]
-    return f"{jit.describe()}; parts on {threads}"
+    return f"{jit.compile_path()}; parts on {threads}"
 
 
 def library_versions() -> dict[str, str]:

@@ -12,8 +12,9 @@ import torch
 
 from .modes import Interpolation, Padding
 from .reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
+from .sampling import FieldKind, Sampling
 
-__all__ = ["sample", "warp"]
+__all__ = ["sample"]
 
 
 def _reflect(index, twice_low: int, twice_high: int):
@@ -34,8 +35,8 @@ def _clip(index, size: int):
     return torch.where(index <= 0, zero, torch.where(index >= size - 1, zero + (size - 1), index))
 
 
-def _source_index(coord, size: int, padding: Padding, align_corners: bool, voxels: bool = False):
-    if voxels:
+def _source_index(coord, size: int, padding: Padding, align_corners: bool, kind: FieldKind):
+    if kind.in_voxels:
         index = coord
     elif align_corners:
         index = (coord + 1) / 2 * (size - 1)
@@ -49,8 +50,8 @@ def _source_index(coord, size: int, padding: Padding, align_corners: bool, voxel
     return torch.where(bad, torch.full_like(index, OUT_OF_RANGE), index)
 
 
-def _unnormalize(coord, size: int, align_corners: bool, voxels: bool = False):
-    if voxels:
+def _unnormalize(coord, size: int, align_corners: bool, kind: FieldKind):
+    if kind.in_voxels:
         return coord
     return (coord + 1) / 2 * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
 
@@ -76,10 +77,10 @@ def _cubic_weights(t):
     return far(t + 1), near(t), near(1 - t), far(2 - t)
 
 
-def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, voxels: bool):
+def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, kind: FieldKind):
     depth, height, width = x.shape[2:]
     sizes = (width, height, depth)
-    index = [_unnormalize(grid[..., axis], size, align_corners, voxels) for axis, size in enumerate(sizes)]
+    index = [_unnormalize(grid[..., axis], size, align_corners, kind) for axis, size in enumerate(sizes)]
     lows = [torch.floor(i).detach() for i in index]
     weights = [_cubic_weights(i - low) for i, low in zip(index, lows)]
     corners = [[_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)]
@@ -95,12 +96,23 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, vox
     return output
 
 
-def sample(x, grid, interpolation: int, padding: int, align_corners: bool, voxels: bool = False):
-    """Differentiable sampling: x (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo).
+def _positions(field, kind: FieldKind):
+    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) of a field of ``kind``: a grid's normalised coordinates, or a
+    displacement's (N, 3, D, H, W; (dz, dy, dx)) voxel positions, identity + displacement."""
+    if kind == FieldKind.GRID:
+        return field
+    depth, height, width = field.shape[2:]
+    options = {"dtype": field.dtype, "device": field.device}
+    zz, yy, xx = torch.meshgrid(torch.arange(depth, **options), torch.arange(height, **options),
+                                torch.arange(width, **options), indexing="ij")
+    return torch.stack([xx + field[:, 2], yy + field[:, 1], zz + field[:, 0]], dim=-1)
 
-    With ``voxels`` the grid holds voxel positions (x, y, z) rather than normalised coordinates.
-    """
-    interpolation, padding = Interpolation(interpolation), Padding(padding)
+
+def sample(x, field, kind: FieldKind, sampling: Sampling):
+    """Differentiable sampling: x (N, C, D, H, W) at ``field`` (a grid (N, Do, Ho, Wo, 3), or a displacement
+    (N, 3, D, H, W), as ``kind`` says) -> (N, C, Do, Ho, Wo)."""
+    interpolation, padding, align_corners = sampling.interpolation, sampling.padding, sampling.align_corners
+    grid = _positions(field, kind)
     batch, channels, depth, height, width = x.shape
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
     flat = x.reshape(batch, channels, depth * height * width)
@@ -112,8 +124,8 @@ def sample(x, grid, interpolation: int, padding: int, align_corners: bool, voxel
         return gathered, valid.unsqueeze(1)
 
     if interpolation == Interpolation.BICUBIC:
-        return _bicubic(x, grid, padding, align_corners, tap, out_shape, voxels)
-    index = [_source_index(grid[..., axis], size, padding, align_corners, voxels)
+        return _bicubic(x, grid, padding, align_corners, tap, out_shape, kind)
+    index = [_source_index(grid[..., axis], size, padding, align_corners, kind)
              for axis, size in enumerate((width, height, depth))]
 
     if interpolation == Interpolation.NEAREST:
@@ -130,13 +142,3 @@ def sample(x, grid, interpolation: int, padding: int, align_corners: bool, voxel
                 weight = (weights[0] * weights[1] * weights[2]).unsqueeze(1)
                 output = output + torch.where(valid, values * weight, torch.zeros_like(values))
     return output
-
-
-def warp(x, displacement, interpolation: int, padding: int, align_corners: bool):
-    """Differentiable fused warp: x (N, C, D, H, W) at identity + displacement (N, 3, D, H, W), (dz, dy, dx)."""
-    depth, height, width = displacement.shape[2:]
-    options = {"dtype": displacement.dtype, "device": displacement.device}
-    zz, yy, xx = torch.meshgrid(torch.arange(depth, **options), torch.arange(height, **options),
-                                torch.arange(width, **options), indexing="ij")
-    positions = torch.stack([xx + displacement[:, 2], yy + displacement[:, 1], zz + displacement[:, 0]], dim=-1)
-    return sample(x, positions, interpolation, padding, align_corners, voxels=True)

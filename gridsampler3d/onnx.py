@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .modes import Interpolation, Padding
+from .sampling import Sampling
 
 __all__ = ["MIN_OPSET", "exporting", "grid_sample", "warp"]
 
@@ -106,15 +107,14 @@ def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) ->
             f"opset_version={MIN_OPSET}.")
 
 
-def grid_sample(input: Tensor, grid: Tensor, interpolation: Interpolation, padding: Padding,
-                align_corners: bool) -> Tensor:
+def grid_sample(input: Tensor, grid: Tensor, sampling: Sampling) -> Tensor:
     """input (N, C, Di, Hi, Wi), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo), as one ONNX GridSample."""
-    _refuse_what_onnx_cannot_express(interpolation, "grid_sample")
-    return F.grid_sample(input, grid, interpolation.name.lower(), padding.name.lower(), align_corners)
+    _refuse_what_onnx_cannot_express(sampling.interpolation, "grid_sample")
+    return F.grid_sample(input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
+                         sampling.align_corners)
 
 
-def warp(volume: Tensor, displacement: Tensor, interpolation: Interpolation, padding: Padding,
-         align_corners: bool) -> Tensor:
+def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
     """volume (N, C, D, H, W) at identity + displacement (N, 3, D, H, W; (dz, dy, dx) in voxels) -> (N, C, D, H, W).
 
     Along an axis of S voxels the position p = index + displacement becomes the grid value
@@ -124,8 +124,8 @@ def warp(volume: Tensor, displacement: Tensor, interpolation: Interpolation, pad
     too; reflection about the end voxels' centres takes align_corners=True and
     ``g = 2 p / (S - 1) - 1``, where for S = 1 (index 0, whatever p) the divisor is 1.
     """
-    _refuse_what_onnx_cannot_express(interpolation, "warp")
-    about_centres = padding == Padding.REFLECTION and align_corners
+    _refuse_what_onnx_cannot_express(sampling.interpolation, "warp")
+    about_centres = sampling.padding == Padding.REFLECTION and sampling.align_corners
     coordinates = []  # z, y, x
     for axis in range(3):
         size = displacement.shape[2 + axis]
@@ -138,4 +138,5 @@ def warp(volume: Tensor, displacement: Tensor, interpolation: Interpolation, pad
         else:
             coordinates.append((2 * position + 1) / size - 1)
     grid = torch.stack(coordinates[::-1], dim=-1)  # (N, D, H, W, 3): (x, y, z)
-    return F.grid_sample(volume, grid, interpolation.name.lower(), padding.name.lower(), about_centres)
+    return F.grid_sample(volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
+                         about_centres)

@@ -11,10 +11,12 @@ All arrays are float64 in NCDHW layout:
     grid  (N, Do, Ho, Wo, 3)     grid[..., 0] is x (along W), 1 is y (H), 2 is z (D)
     grad  (N, C, Do, Ho, Wo)
 
-The fused warp (:func:`warp_fwd`, :func:`warp_bwd`) samples at voxel positions instead
-of normalised coordinates: ``displacement`` (N, 3, Do, Ho, Wo) holds (dz, dy, dx) in
-voxels, and output point (d, h, w) samples at (w + dx, h + dy, d + dz), each sum formed
-once in float64. Padding then applies exactly as to an unnormalised grid coordinate.
+Every kind of field (:class:`.sampling.FieldKind`) runs through :func:`sample` and
+:func:`sample_backward`. A displacement (N, 3, Do, Ho, Wo) holds (dz, dy, dx) in voxels,
+and output point (d, h, w) samples at voxel position (w + dx, h + dy, d + dz), each sum
+formed once in float64 (:func:`warp_positions`); padding then applies exactly as to an
+unnormalised grid coordinate. :func:`grid_sampler3d_fwd` / :func:`grid_sampler3d_bwd` and
+:func:`warp_fwd` / :func:`warp_bwd` name the two kinds' goldens with the modes spelled out.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .modes import Interpolation, Padding
+from .sampling import FieldKind, Outputs, Sampling
 
-__all__ = ["grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd", "warp_positions", "source_index",
-           "cubic_coefficients", "cubic_slopes", "pad_tap"]
+__all__ = ["sample", "sample_backward", "grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd",
+           "warp_positions", "source_index", "cubic_coefficients", "cubic_slopes", "pad_tap"]
 
 # The numbers of the rules, here once: the engines' coordinate rules (cpu/coords.py,
 # gpu/coords.py) and the torch composite take them from this module.
@@ -39,13 +42,13 @@ CUBIC_A = -0.75  # the cubic convolution constant of PyTorch's (and OpenCV's) bi
 _SCATTER_CHUNK = 1 << 24
 
 
-def unnormalize(coord, size: int, align_corners: bool, voxels: bool = False):
+def unnormalize(coord, size: int, align_corners: bool, kind: FieldKind = FieldKind.GRID):
     """Map a normalised coordinate in [-1, 1] to a voxel index; returns (index, slope).
 
-    With ``voxels`` the coordinate is a voxel position already (the fused warp): the
-    index is the coordinate itself, with slope 1.
+    Where the field's positions are in voxels already (``kind.in_voxels``: a displacement
+    from the output point), the index is the coordinate itself, with slope 1.
     """
-    if voxels:
+    if kind.in_voxels:
         return coord, 1.0
     if align_corners:
         return (coord + 1) / 2 * (size - 1), (size - 1) / 2
@@ -93,16 +96,16 @@ def to_safe_range(index):
 
 
 def source_index(coord, size: int, padding: Padding, align_corners: bool, *, forward: bool = False,
-                 voxels: bool = False):
+                 kind: FieldKind = FieldKind.GRID):
     """Voxel index of normalised coordinates along one axis of ``size`` voxels.
 
     Returns ``(index, multiplier)`` where ``multiplier`` is d index / d coord. With
     ``forward=True`` a NaN that border or reflection padding clips goes to ``size - 1``
     (C++ ``min(size - 1, max(NaN, 0))``), as PyTorch's forward does; its backward
-    instead keeps the NaN, which then falls out of range. ``voxels``: see :func:`unnormalize`.
+    instead keeps the NaN, which then falls out of range. ``kind``: see :func:`unnormalize`.
     """
     with np.errstate(invalid="ignore", over="ignore"):
-        index, slope = unnormalize(coord, size, align_corners, voxels)
+        index, slope = unnormalize(coord, size, align_corners, kind)
         multiplier = np.full_like(index, slope)
         if padding == Padding.REFLECTION:
             if align_corners:
@@ -282,85 +285,106 @@ def _bicubic_grid_gradient(grad_n, values, taps: Taps):
     return grad_index
 
 
-def _sample_points(grid_n, sizes, interpolation, padding, align_corners, forward, voxels=False):
-    """Taps and d index / d grid multipliers (P, 3) for one batch's grid (Do, Ho, Wo, 3).
-
-    With ``voxels`` the grid holds voxel positions (see :func:`unnormalize`).
-    """
-    coords = grid_n.reshape(-1, 3)
+def _sample_points(positions_n, sizes, sampling: Sampling, kind: FieldKind, forward: bool):
+    """Taps and d index / d position multipliers (P, 3) for one batch item's positions (Do, Ho, Wo, 3) as (x, y, z)."""
+    coords = positions_n.reshape(-1, 3)
     depth, height, width = sizes
-    if interpolation == Interpolation.BICUBIC:
+    padding, align_corners = sampling.padding, sampling.align_corners
+    if sampling.interpolation == Interpolation.BICUBIC:
         # Padding applies to each tap, not to the point: the index is only unnormalised,
         # and the multiplier is the unnormalising slope alone (PyTorch's 2-D bicubic).
         with np.errstate(invalid="ignore", over="ignore"):
-            axes = [unnormalize(coords[:, axis], size, align_corners, voxels)
+            axes = [unnormalize(coords[:, axis], size, align_corners, kind)
                     for axis, size in enumerate((width, height, depth))]
         index = np.stack([axis[0] for axis in axes], axis=-1)
         multiplier = np.broadcast_to(np.array([axis[1] for axis in axes], dtype=np.float64), index.shape)
         return _bicubic_taps(index, sizes, padding, align_corners), multiplier
-    axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward, voxels=voxels)
+    axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward, kind=kind)
             for axis, size in enumerate((width, height, depth))]
     index = np.stack([axis[0] for axis in axes], axis=-1)
     multiplier = np.stack([axis[1] for axis in axes], axis=-1)
-    if interpolation == Interpolation.BILINEAR:
+    if sampling.interpolation == Interpolation.BILINEAR:
         return _bilinear_taps(index, sizes), multiplier
     return _nearest_taps(index, sizes), multiplier
 
 
-def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
-                       voxels: bool = False):
-    """Sample ``x`` (N, C, Di, Hi, Wi) at ``grid`` (N, Do, Ho, Wo, 3) → (N, C, Do, Ho, Wo).
+def _positions(field, kind: FieldKind):
+    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) that ``field`` gives: a grid's coordinates, a displacement's
+    voxel positions (:func:`warp_positions`)."""
+    return warp_positions(field) if kind == FieldKind.DISPLACEMENT else field
 
-    ``voxels``: the grid holds voxel positions rather than normalised coordinates.
-    """
+
+def _field_gradient(dpositions, kind: FieldKind):
+    """The field's gradient from d loss / d position (N, Do, Ho, Wo, 3): as it is for a grid; for a displacement
+    (d position / d displacement is 1) its components reordered to (dz, dy, dx), (N, 3, Do, Ho, Wo)."""
+    if kind == FieldKind.DISPLACEMENT:
+        return np.ascontiguousarray(dpositions[..., ::-1].transpose(0, 4, 1, 2, 3))
+    return dpositions
+
+
+def sample(x, field, kind: FieldKind, sampling: Sampling):
+    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (its ``kind``'s layout, see :mod:`.sampling`) → (N, C, Do, Ho, Wo)."""
+    positions = _positions(field, kind)
     batch, channels = x.shape[:2]
     sizes = x.shape[2:]
-    out_sizes = grid.shape[1:4]
+    out_sizes = positions.shape[1:4]
     output = np.zeros((batch, channels) + out_sizes)
     for n in range(batch):
-        taps, _ = _sample_points(grid[n], sizes, interpolation, padding, align_corners, forward=True, voxels=voxels)
+        taps, _ = _sample_points(positions[n], sizes, sampling, kind, forward=True)
         values = x[n].reshape(channels, -1)
         accumulated = np.zeros((channels, taps.offset.shape[0]))
         with np.errstate(invalid="ignore", over="ignore"):
-            if interpolation == Interpolation.BICUBIC:
+            if sampling.interpolation == Interpolation.BICUBIC:
                 output[n] = _bicubic_forward(values, taps).reshape((channels,) + out_sizes)
                 continue
             for t in range(taps.offset.shape[1]):
                 tap_values = values[:, taps.offset[:, t]]
-                if interpolation != Interpolation.NEAREST:
+                if sampling.interpolation != Interpolation.NEAREST:
                     tap_values = tap_values * taps.weight[:, t]
                 accumulated += np.where(taps.valid[:, t], tap_values, 0.0)
         output[n] = accumulated.reshape((channels,) + out_sizes)
     return output
 
 
-def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Padding,
-                       align_corners: bool, output_mask=(True, True), voxels: bool = False):
-    """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid, voxels=voxels))``.
+def sample_backward(grad, x, field, kind: FieldKind, sampling: Sampling, outputs=Outputs()):
+    """Gradients of ``sum(grad * sample(x, field, kind, sampling))``: ``(dx, dfield)``.
 
-    Returns ``(dx, dgrid)`` of shapes (N, C, Di, Hi, Wi) and (N, Do, Ho, Wo, 3); an output
-    whose ``output_mask`` entry is False is ``None``.
+    dx is (N, C, Di, Hi, Wi); dfield is shaped like ``field``; an output that ``outputs``
+    (:class:`.sampling.Outputs`) leaves out is ``None``.
     """
-    want_dx, want_dgrid = output_mask
+    want_dx, want_dfield = outputs
+    positions = _positions(field, kind)
     batch, channels = x.shape[:2]
     sizes = x.shape[2:]
     volume = int(np.prod(sizes))
     dx = np.zeros(x.shape) if want_dx else None
-    dgrid = np.zeros(grid.shape) if want_dgrid else None
+    dpositions = np.zeros(positions.shape) if want_dfield else None
     for n in range(batch):
-        taps, multiplier = _sample_points(grid[n], sizes, interpolation, padding, align_corners,
-                                          forward=False, voxels=voxels)
+        taps, multiplier = _sample_points(positions[n], sizes, sampling, kind, forward=False)
         grad_n = grad[n].reshape(channels, -1)
         with np.errstate(invalid="ignore", over="ignore"):
             if want_dx:
                 dx[n] = _scatter_dx(grad_n, taps, volume).reshape(x.shape[1:])
-            if want_dgrid and interpolation == Interpolation.BICUBIC:
+            if want_dfield and sampling.interpolation == Interpolation.BICUBIC:
                 grad_index = _bicubic_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
-                dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
-            elif want_dgrid and interpolation != Interpolation.NEAREST:
+                dpositions[n] = (multiplier * grad_index).reshape(positions.shape[1:])
+            elif want_dfield and sampling.interpolation != Interpolation.NEAREST:
                 grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
-                dgrid[n] = (multiplier * grad_index).reshape(grid.shape[1:])
-    return dx, dgrid
+                dpositions[n] = (multiplier * grad_index).reshape(positions.shape[1:])
+    return dx, (None if dpositions is None else _field_gradient(dpositions, kind))
+
+
+def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
+    """Sample ``x`` (N, C, Di, Hi, Wi) at ``grid`` (N, Do, Ho, Wo, 3) → (N, C, Do, Ho, Wo)."""
+    return sample(x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners))
+
+
+def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Padding,
+                       align_corners: bool, output_mask=(True, True)):
+    """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid))``: ``(dx, dgrid)``, (N, C, Di, Hi, Wi) and
+    (N, Do, Ho, Wo, 3); an output whose ``output_mask`` entry is False is ``None``."""
+    return sample_backward(grad, x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners),
+                           Outputs(*output_mask))
 
 
 def warp_positions(displacement):
@@ -382,7 +406,7 @@ def warp_fwd(x, displacement, interpolation: Interpolation, padding: Padding, al
     ``align_corners`` only sets reflection's bounds here (-0.5 and size - 0.5 when False,
     0 and size - 1 when True); the position itself is the same either way.
     """
-    return grid_sampler3d_fwd(x, warp_positions(displacement), interpolation, padding, align_corners, voxels=True)
+    return sample(x, displacement, FieldKind.DISPLACEMENT, Sampling(interpolation, padding, align_corners))
 
 
 def warp_bwd(grad, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool,
@@ -392,11 +416,8 @@ def warp_bwd(grad, x, displacement, interpolation: Interpolation, padding: Paddi
     d position / d displacement is 1, so ddisplacement is the gradient with respect to
     the voxel position (through padding), its components reordered to (dz, dy, dx).
     """
-    dx, dposition = grid_sampler3d_bwd(grad, x, warp_positions(displacement), interpolation, padding, align_corners,
-                                       output_mask, voxels=True)
-    if dposition is not None:
-        dposition = np.ascontiguousarray(dposition[..., ::-1].transpose(0, 4, 1, 2, 3))
-    return dx, dposition
+    return sample_backward(grad, x, displacement, FieldKind.DISPLACEMENT,
+                           Sampling(interpolation, padding, align_corners), Outputs(*output_mask))
 
 
 def _contract_grid_gradient(grad_n, values, taps: Taps):
@@ -419,15 +440,15 @@ def _contract_grid_gradient(grad_n, values, taps: Taps):
     return grad_index
 
 
-def _scatter_dx(grad_n, taps: Taps, voxels: int):
-    """Push ``grad_n`` (C, P) through the taps into a (C, voxels) array.
+def _scatter_dx(grad_n, taps: Taps, voxel_count: int):
+    """Push ``grad_n`` (C, P) through the taps into a (C, voxel_count) array.
 
     Contributions are summed point by point, then tap by tap (``np.bincount`` adds in
     order), which is PyTorch's CPU order: the result is deterministic and exact.
     """
     channels, points = grad_n.shape
     n_taps = taps.offset.shape[1]
-    dx = np.zeros((channels, voxels))
+    dx = np.zeros((channels, voxel_count))
     if channels == 0 or points == 0:
         return dx
     valid = taps.valid.ravel()
@@ -437,7 +458,7 @@ def _scatter_dx(grad_n, taps: Taps, voxels: int):
         stop = min(channels, start + block)
         contributions = taps.weight[None, :, :] * grad_n[start:stop, :, None]  # (c, P, T)
         contributions = contributions.reshape(stop - start, -1)[:, valid]
-        target = offset[None, :] + voxels * np.arange(stop - start)[:, None]
-        summed = np.bincount(target.ravel(), contributions.ravel(), minlength=(stop - start) * voxels)
-        dx[start:stop] = summed.reshape(stop - start, voxels)
+        target = offset[None, :] + voxel_count * np.arange(stop - start)[:, None]
+        summed = np.bincount(target.ravel(), contributions.ravel(), minlength=(stop - start) * voxel_count)
+        dx[start:stop] = summed.reshape(stop - start, voxel_count)
     return dx

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from . import api, composite, onnx
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
-from .modes import (DataFormat, DisplacementFormat, parse_align_corners, parse_data_format,
-                    parse_displacement_format, parse_interpolation, parse_padding)
+from .modes import DataFormat, DisplacementFormat, parse_data_format, parse_displacement_format
+from .sampling import Field, FieldKind, Outputs, Sampling
 from .validate import check_warp
 
 __all__ = ["grid_sample", "warp", "Warp3d", "integrate_velocity"]
@@ -60,10 +60,10 @@ def _grid_sampler3d_backward_fake(grad, input, grid, interpolation_mode, padding
     return dx, dgrid
 
 
-def _register_autograd(forward_op, backward_op, differentiable) -> None:
-    """Autograd for a sampling op pair: ``forward_op(input, field, *attributes)`` (field: a grid or a
-    displacement) and ``backward_op(grad, input, field, *attributes, output_mask)``; second
-    derivatives through ``differentiable(input, field, *attributes)``, the composite of the same rules."""
+def _register_autograd(forward_op, backward_op, kind: FieldKind) -> None:
+    """Autograd for a sampling op pair: ``forward_op(input, field, *attributes)`` (field: of ``kind``) and
+    ``backward_op(grad, input, field, *attributes, output_mask)``; second derivatives through
+    :func:`.composite.sample`, the same rules in differentiable torch operations."""
 
     def setup_context(ctx, inputs, output):
         input, field, *attributes = inputs
@@ -87,7 +87,7 @@ def _register_autograd(forward_op, backward_op, differentiable) -> None:
         saved = ctx.saved_tensors
         with torch.enable_grad():
             grad, input, field = (tensor.detach().requires_grad_() for tensor in saved)
-            output = differentiable(input, field, *ctx.attributes)
+            output = composite.sample(input, field, kind, Sampling.parse(*ctx.attributes))
             dx, dfield = torch.autograd.grad(output, (input, field), grad, create_graph=True, allow_unused=True,
                                              materialize_grads=True)
             total = output.new_zeros(())
@@ -104,7 +104,7 @@ def _register_autograd(forward_op, backward_op, differentiable) -> None:
     backward_op.register_autograd(double_backward, setup_context=setup_backward_context)
 
 
-_register_autograd(grid_sampler3d_op, grid_sampler3d_backward_op, composite.sample)
+_register_autograd(grid_sampler3d_op, grid_sampler3d_backward_op, FieldKind.GRID)
 
 
 def _eager(*tensors: Tensor) -> bool:
@@ -127,10 +127,11 @@ def _dispatch_mode():
     return torch.utils._python_dispatch._get_current_dispatch_mode()
 
 
-def _eager_function(forward_name: str, warp: bool, backward_op):
-    """An autograd.Function over the :mod:`.api` function ``forward_name`` (see :func:`_eager`).
+def _eager_function(forward_name: str, kind: FieldKind, backward_op):
+    """An autograd.Function over the :mod:`.api` function ``forward_name``, which samples a field of ``kind``
+    (see :func:`_eager`).
 
-    Its backward runs :func:`.api.checked_backward` (the forward checked the operands), or
+    Its backward runs :func:`.api.sample_backward` (the forward checked the operands), or
     the backward custom op when the backward itself is to be differentiated
     (``create_graph=True``), whose autograd gives the second derivatives
     (:func:`_register_autograd`).
@@ -154,16 +155,22 @@ def _eager_function(forward_name: str, warp: bool, backward_op):
             if torch.is_grad_enabled():
                 dx, dfield = backward_op(grad_output, input, field, *ctx.attributes, list(output_mask))
             else:
-                interpolation, padding, align_corners = ctx.attributes
-                dx, dfield = api.checked_backward(grad_output, input, field, parse_interpolation(interpolation),
-                                                  parse_padding(padding), align_corners, output_mask, warp=warp)
+                dx, dfield = api.sample_backward(grad_output, input, Field(kind, field),
+                                                 Sampling.parse(*ctx.attributes), Outputs(*output_mask))
             return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
 
     return EagerSample
 
 
-def _sample(function, op, input: Tensor, field: Tensor, *attributes) -> Tensor:
-    """``op(input, field, *attributes)``, through ``function`` (or without autograd) where :func:`_eager` allows."""
+def _sample(function, op, input: Tensor, field: Tensor, sampling: Sampling) -> Tensor:
+    """``op(input, field, *attributes)`` with ``sampling``'s attributes as the ops take them (aclnn codes), through
+    ``function`` (or without autograd) where :func:`_eager` allows; under ``torch.autocast``, in float32 (as
+    PyTorch's grid sampler)."""
+    device_type = input.device.type
+    if torch.is_autocast_enabled(device_type):
+        with torch.autocast(device_type, enabled=False):
+            return _sample(function, op, input.float(), field.float(), sampling)
+    attributes = (int(sampling.interpolation), int(sampling.padding), sampling.align_corners)
     if not _eager(input, field):
         return op(input, field, *attributes)
     if torch.is_grad_enabled() and (input.requires_grad or field.requires_grad):
@@ -171,7 +178,7 @@ def _sample(function, op, input: Tensor, field: Tensor, *attributes) -> Tensor:
     return function.without_autograd(input, field, *attributes)
 
 
-_EagerGridSample = _eager_function("grid_sampler3d", False, grid_sampler3d_backward_op)
+_EagerGridSample = _eager_function("grid_sampler3d", FieldKind.GRID, grid_sampler3d_backward_op)
 
 
 def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
@@ -192,24 +199,15 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
         PyTorch's grid sampler does.
     """
     data_format = parse_data_format(data_format)
-    interpolation = parse_interpolation(mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
+    sampling = Sampling.parse(mode, padding_mode, align_corners)
     if input.dim() == 4 and data_format == DataFormat.NCDHW:
-        return F.grid_sample(input, grid, interpolation.name.lower(), padding.name.lower(), align_corners)
+        return F.grid_sample(input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
+                             sampling.align_corners)
     if input.dim() == 5:  # anything else reaches the op's own shape check, which names it
         input = to_ncdhw(input, data_format)
-    device_type = input.device.type
     if onnx.exporting():
-        output = onnx.grid_sample(input, grid, interpolation, padding, align_corners)
-    elif torch.is_autocast_enabled(device_type):
-        with torch.autocast(device_type, enabled=False):
-            output = _sample(_EagerGridSample, grid_sampler3d_op, input.float(), grid.float(), int(interpolation),
-                             int(padding), align_corners)
-    else:
-        output = _sample(_EagerGridSample, grid_sampler3d_op, input, grid, int(interpolation), int(padding),
-                         align_corners)
-    return from_ncdhw(output, data_format)
+        return from_ncdhw(onnx.grid_sample(input, grid, sampling), data_format)
+    return from_ncdhw(_sample(_EagerGridSample, grid_sampler3d_op, input, grid, sampling), data_format)
 
 
 @torch.library.custom_op("gridsampler3d::warp3d", mutates_args=())
@@ -241,8 +239,8 @@ def _warp3d_backward_fake(grad, volume, displacement, interpolation_mode, paddin
     return dx, dfield
 
 
-_register_autograd(warp3d_op, warp3d_backward_op, composite.warp)
-_EagerWarp = _eager_function("warp3d", True, warp3d_backward_op)
+_register_autograd(warp3d_op, warp3d_backward_op, FieldKind.DISPLACEMENT)
+_EagerWarp = _eager_function("warp3d", FieldKind.DISPLACEMENT, warp3d_backward_op)
 
 
 def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_mode: str = "border",
@@ -273,27 +271,18 @@ def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_m
     """
     data_format = parse_data_format(data_format)
     displacement_format = parse_displacement_format(displacement_format)
-    interpolation = parse_interpolation(mode)
-    padding = parse_padding(padding_mode)
-    align_corners = parse_align_corners(align_corners)
+    sampling = Sampling.parse(mode, padding_mode, align_corners)
     if not isinstance(volume, Tensor) or not isinstance(displacement, Tensor):
         raise TypeError(f"warp takes torch tensors (for NumPy arrays use gridsampler3d.warp3d); got "
                         f"{type(volume).__name__} and {type(displacement).__name__}")
-    device_type = volume.device.type
-    autocast = torch.is_autocast_enabled(device_type)
-    if autocast:
+    if torch.is_autocast_enabled(volume.device.type):  # checked as the float32 call that runs
         volume, displacement = volume.float(), displacement.float()
     check_warp(volume, displacement, data_format, displacement_format)
     x = to_ncdhw(volume, data_format)
-    field = displacement.permute(0, 4, 1, 2, 3) if displacement_format == DisplacementFormat.NDHW3 else displacement
+    field = api.displacement_field(displacement, displacement_format).tensor
     if onnx.exporting():
-        output = onnx.warp(x, field, interpolation, padding, align_corners)
-    elif autocast:
-        with torch.autocast(device_type, enabled=False):
-            output = _sample(_EagerWarp, warp3d_op, x, field, int(interpolation), int(padding), align_corners)
-    else:
-        output = _sample(_EagerWarp, warp3d_op, x, field, int(interpolation), int(padding), align_corners)
-    return from_ncdhw(output, data_format)
+        return from_ncdhw(onnx.warp(x, field, sampling), data_format)
+    return from_ncdhw(_sample(_EagerWarp, warp3d_op, x, field, sampling), data_format)
 
 
 class Warp3d(torch.nn.Module):

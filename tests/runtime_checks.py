@@ -159,7 +159,7 @@ def check_missing_hook() -> None:
         from gridsampler3d.cpu import jit
     messages = [str(warning.message) for warning in caught if "gridsampler3d" in str(warning.message)]
     assert len(messages) == 1 and f"Numba {numba.__version__} lacks a hook" in messages[0], messages
-    assert jit.plain() and "_customize_flags" in jit.describe(), jit.describe()
+    assert jit.plain() and "_customize_flags" in jit.compile_path(), jit.compile_path()
 
 
 def check_checksum() -> None:

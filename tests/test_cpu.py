@@ -15,13 +15,14 @@ import gridsampler3d as gs
 from gridsampler3d import cases
 from gridsampler3d.rounding import round_once
 from gridsampler3d import precision
+from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
 from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use, outlined_helper, part_kernel, plain
 from gridsampler3d.cpu.backward import BackwardOperands
 from gridsampler3d.cpu.planner import _rows_per_long_row
-from gridsampler3d.cpu.records import Carry, Geometry, Outputs, RowRanges
+from gridsampler3d.cpu.records import Carry, Geometry, RowRanges, coordinate_rule
 from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
@@ -72,7 +73,7 @@ def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format,
     grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:
         grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
-    assert looks_coherent(grid, False, 9, False, False, 1) == smooth
+    assert looks_coherent(Field.grid(grid), 9, Sampling.parse(mode), 1) == smooth
     results = []
     for count in (1, 2, 3):
         threads(count)
@@ -90,7 +91,7 @@ def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threa
     grid = cases.warp_grid(2, (3, 4, 5), magnitude=0.1, dtype=torch.float64)
     grid[1, 2, 3, 4, 0] = 7.5  # past two spans: libm's remainder
     grid[0, 0, 1, 2, 2] = -float("inf")
-    assert looks_coherent(grid, False, 5, mode == "nearest", False, 1)
+    assert looks_coherent(Field.grid(grid), 5, Sampling.parse(mode), 1)
     golden = precision.golden_backward(grad, x, grid, mode, "reflection", False)
     for count in (1, 2, 3):
         threads(count)
@@ -109,7 +110,7 @@ def test_a_random_grid_runs_a_channel_group_at_a_time(mode, threads, monkeypatch
 
     grad, x, grid = _with_nonfinite(*make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64, low=-1.1, high=1.1))
     grid[1, 2, 3, 4, 0] = 7.5  # past two spans
-    assert not looks_coherent(grid, False, 6, mode == "nearest", False, 1)
+    assert not looks_coherent(Field.grid(grid), 6, Sampling.parse(mode), 1)
     float32_case = [tensor.float() for tensor in make_case(2, 5, (6, 7, 8), (4, 5, 9), torch.float64)]
     in_one_pass = gs.grid_sampler3d_backward(*float32_case, mode, "reflection", False, backend="numba")
     # Groups of two channel planes (the last of one): launches of 2, 2 and 1 channels; the
@@ -175,7 +176,7 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
         grad, x, grid = _with_nonfinite(grad, x, grid)
         grid[0, 2, 3, 4, 0] = 7.5  # past two spans: the exact kernel runs too
         monkeypatch.setattr(tuning, "SCATTER_CACHE_BYTES", 2 * 6 * 7 * 8 * 8)
-    assert looks_coherent(grid, False, 6, mode == "nearest", False, 1) is smooth
+    assert looks_coherent(Field.grid(grid), 6, Sampling.parse(mode), 1) is smooth
     grad, x, grid = grad.to(dtype), x.to(dtype), grid.to(dtype)
     if data_format == "NDHWC":
         grad, x = grad.permute(0, 2, 3, 4, 1).contiguous(), x.permute(0, 2, 3, 4, 1).contiguous()
@@ -333,8 +334,8 @@ def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
         monkeypatch.setattr(tuning, "PARALLEL_VALUES", parallel_values)
         gs.grid_sampler3d(x, grid, backend="numba")
         gs.grid_sampler3d_backward(grad, x, grid, backend="numba")
-    for kernel in (forward_kernel(0, 0, False, False, False, channels_last=False),
-                   backward_kernel(0, 0, False, False, False, False, channels_last=False)):
+    for kernel in (forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False),
+                   backward_kernel(Sampling(), FieldKind.GRID, False, False, channels_last=False)):
         assert kernel.signatures
         for signature in kernel.signatures:
             assert not [named for kind in signature for named in _named_tuple_types(kind)], signature
@@ -412,19 +413,19 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         pytest.skip("the bicubic kernels have their own poison tests (test_bicubic)")
     grad, x, grid = make_case(2, 3, (5, 4, 6), (4, 3, 5), torch.float64, low=-1.3, high=1.3)
     x = x.contiguous(memory_format=torch.channels_last_3d)  # a strided layout on purpose
-    interpolation, pad = int(gs.Interpolation[mode.upper()]), int(gs.Padding[padding.upper()])
-    codes = (interpolation, pad, align_corners)
-    grid_operand = engine._operand(grid)
+    sampling = Sampling.parse(mode, padding, align_corners)
+    grid_operand = engine.operand(grid)
     batch, channels, sizes, out_sizes = 2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4])
     geometry = Geometry(batch, channels, sizes, out_sizes)
     rows = batch * out_sizes[0] * out_sizes[1]
     row_first, row_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_operand, geometry, (*codes, False), (1, True), RowRanges(row_first, row_last), slabs)
+    depth_ranges(grid_operand, geometry, coordinate_rule(sampling, FieldKind.GRID), (1, True), RowRanges(row_first, row_last), slabs)
     assert (row_first != -7).all() and (row_last >= row_first).all()
     # Rows between the sampled ones take their range from their extreme z values (zeros,
     # border): the same range as point by point.
     scanned_first, scanned_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_operand, geometry, (*codes, False), (3, True), RowRanges(scanned_first, scanned_last), 2)
+    depth_ranges(grid_operand, geometry, coordinate_rule(sampling, FieldKind.GRID), (3, True),
+                 RowRanges(scanned_first, scanned_last), 2)
     assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
     reach = 1 if mode == "nearest" else 2
     parts = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, slabs)
@@ -437,11 +438,11 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
                        [(row_parts(rows, batch * sizes[0], slabs), False, True), (parts, True, False)]]
     # Every coordinate lies within two spans of the volume: no part needs the exact remainder.
     for exact, passes in itertools.product((True, False), fused_and_split):
-        kernel = backward_kernel(*codes, exact, False, False)
+        kernel = backward_kernel(sampling, FieldKind.GRID, exact, False)
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
-        operands = BackwardOperands(engine._operand(grad), engine._operand(x), grid_operand, engine._operand(dx),
-                                    engine._operand(dgrid))
+        operands = BackwardOperands(engine.operand(grad), engine.operand(x), grid_operand, engine.operand(dx),
+                                    engine.operand(dgrid))
         for work, want_dx, want_dgrid in passes:
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
             kernel(operands, geometry, work, RowRanges(row_first, row_last), Outputs(want_dx, want_dgrid),
@@ -457,7 +458,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             # The separable sums associate differently: equal to the golden to float64 rounding.
             torch.testing.assert_close(dgrid, golden_dgrid, rtol=1e-12, atol=1e-12)
     y = torch.full_like(grad, float("nan"))
-    forward_kernel(*codes, False, False)(engine._operand(x), grid_operand, engine._operand(y), geometry, slabs,
+    forward_kernel(sampling, FieldKind.GRID)(engine.operand(x), grid_operand, engine.operand(y), geometry, slabs,
                                          unresolved)
     assert not unresolved.any()
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
@@ -470,13 +471,13 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
     The engine then runs the exact kernel: results equal PyTorch's bit for bit, at 1 and 2 threads.
     """
     grad, x, grid = make_case(2, 3, (5, 4, 6), (3, 4, 5), torch.float64, low=-1.9, high=1.9)
-    codes = (int(gs.Interpolation[mode.upper()]), int(gs.Padding.REFLECTION), False)
+    sampling = Sampling.parse(mode, "reflection", False)
     geometry = Geometry(2, 3, tuple(x.shape[2:]), tuple(grid.shape[1:4]))
 
     def flags(grid):
         y = torch.empty_like(grad)
         unresolved = np.full(2, -1, np.int64)
-        forward_kernel(*codes, False, False)(engine._operand(x), engine._operand(grid), engine._operand(y), geometry,
+        forward_kernel(sampling, FieldKind.GRID)(engine.operand(x), engine.operand(grid), engine.operand(y), geometry,
                                              2, unresolved)
         return unresolved.tolist()
 
@@ -499,7 +500,7 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
-    """engine.round_once (one Numba pass) gives rounding.round_once's bits, values and layout, dense or not."""
+    """engine.round_in_parts (one Numba pass) gives rounding.round_once's bits, values and layout, dense or not."""
     from gridsampler3d.rounding import round_once as reference_round_once
 
     generator = torch.Generator().manual_seed(3)
@@ -514,7 +515,7 @@ def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
                           2**-140, 2**-149 * 1.5, -(2**-24) * 1.5], dtype=torch.float64)
     for tensor in (values, values.contiguous(memory_format=torch.channels_last_3d), values[:, :, ::2],
                    values.permute(0, 2, 3, 4, 1), edges):
-        ours, reference = engine.round_once(tensor, dtype), reference_round_once(tensor, dtype)
+        ours, reference = engine.round_in_parts(tensor, dtype), reference_round_once(tensor, dtype)
         assert ours.dtype == dtype and ours.stride() == reference.stride()
         assert torch.equal(ours.view(torch.int16), reference.view(torch.int16))
 
@@ -524,11 +525,11 @@ def test_smooth_and_random_grids_are_told_apart():
     verdicts = []
     for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
         for row_step in (1, 3):  # every row, and every third
-            verdicts.append(looks_coherent(grid, False, 32, False, False, row_step))
+            verdicts.append(looks_coherent(Field.grid(grid), 32, Sampling(), row_step))
     # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
     smooth = cases.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
     scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8
-    verdicts += [looks_coherent(field, True, 32, True, True, 1) for field in (smooth, scattered)]
+    verdicts += [looks_coherent(Field.displacement(field), 32, Sampling.parse("nearest", "zeros", True), 1) for field in (smooth, scattered)]
     assert verdicts == [True, True, False, False, True, False]
 
 
@@ -578,26 +579,26 @@ def _vector_code_counts(kernel, dtype=numba.float32) -> tuple[int, int, int]:
     return packed, len(re.findall(r"\bv(?:p)?gather", assembly)), overlap_tests
 
 
-@pytest.mark.parametrize("padding, voxels", [("zeros", False), ("reflection", False), ("border", True)],
-                         ids=["zeros", "reflection", "warp-border"])
-def test_hot_loops_stay_vectorised(padding, voxels):
+@pytest.mark.parametrize("padding, field", [("zeros", FieldKind.GRID), ("reflection", FieldKind.GRID),
+                                            ("border", FieldKind.DISPLACEMENT)], ids=["zeros", "reflection", "warp-border"])
+def test_hot_loops_stay_vectorised(padding, field):
     """The block loops compile to SIMD arithmetic with hardware gathers (grid and fused-warp kernels).
 
     One N-D index or one unsigned cast silently turns such a loop scalar, three to five
     times slower with no error; this catches it.
     """
     grad, x, grid = make_case(1, 2, (6, 6, 6), (5, 5, 9), torch.float32)
-    if voxels:  # the warp's defaults: align_corners=True
+    if field == FieldKind.DISPLACEMENT:  # the warp's defaults: align_corners=True
         displacement = torch.randn(1, 3, 6, 6, 6)
         gs.warp3d(x, displacement, "bilinear", padding, True, backend="numba")
         gs.warp3d_backward(torch.randn_like(x), x, displacement, "bilinear", padding, True, backend="numba")
     else:
         gs.grid_sampler3d(x, grid, "bilinear", padding, backend="numba")
         gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
-    codes = (0, int(gs.Padding[padding.upper()]), voxels)
+    sampling = Sampling.parse("bilinear", padding, field == FieldKind.DISPLACEMENT)
     # The arguments exactly as the engine passes them (the factories cache on them).
-    for kernel in (forward_kernel(*codes, voxels, False, channels_last=False),
-                   backward_kernel(*codes, False, voxels, False, channels_last=False)):
+    for kernel in (forward_kernel(sampling, field, False, channels_last=False),
+                   backward_kernel(sampling, field, False, False, channels_last=False)):
         packed, gathers, overlap_tests = _vector_code_counts(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
@@ -619,7 +620,7 @@ def test_exact_grid_gradient_stays_vectorised():
     """
     grad, x, grid = make_case(1, 2, (6, 6, 6), (5, 5, 9), torch.float64)
     gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "reflection", backend="numba")
-    kernel = backward_kernel(0, int(gs.Padding.REFLECTION), False, True, False, False, channels_last=False)
+    kernel = backward_kernel(Sampling.parse("bilinear", "reflection"), FieldKind.GRID, True, False, channels_last=False)
     packed, gathers, overlap_tests = _vector_code_counts(kernel, numba.float64)
     assert packed >= 100 and (gathers >= 8 if gathers_in_use() else gathers == 0), (packed, gathers)
     assert overlap_tests == 0, overlap_tests
@@ -631,6 +632,7 @@ import gridsampler3d as gs
 from gridsampler3d.cpu.backward import backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use
+from gridsampler3d.sampling import FieldKind, Sampling
 
 def first_array(kind):  # the first array type in an operand, or in a record of operands, as tuples
     while not isinstance(kind, numba.types.Array):
@@ -642,8 +644,9 @@ y = gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba")
 dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", backend="numba")
 torch.save((y, dx, dgrid), sys.argv[2])
 gathers = []
-for kernel in (forward_kernel(0, 0, False, False, False, channels_last=False),
-               backward_kernel(0, 0, False, not bool(torch.isfinite(grad.sum())), False, False, channels_last=False)):
+for kernel in (forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False),
+               backward_kernel(Sampling(), FieldKind.GRID, not bool(torch.isfinite(grad.sum())), False,
+                               channels_last=False)):
     # freshly compiled (an empty cache), so the code can be inspected
     signature = next(s for s in kernel.signatures if first_array(s[0]).dtype.name == "float32")
     gathers.append(kernel.part.inspect_asm(signature).count("gather"))
@@ -688,7 +691,8 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
     def compile_forward(padding, align_corners):
         """Compile the mode's forward kernel anew (not from the disk cache, which would type no helper)."""
         gs.grid_sampler3d(x, grid, "bilinear", padding, align_corners, backend="numba")
-        kernel = forward_kernel(0, int(gs.Padding[padding.upper()]), align_corners, False, False, channels_last=False)
+        kernel = forward_kernel(Sampling.parse("bilinear", padding, align_corners), FieldKind.GRID, False,
+                                channels_last=False)
         signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == numba.float32)
         part_kernel(kernel.py_func, cache=False).compile(signature)
 
@@ -782,7 +786,7 @@ def test_a_kernels_disk_cache_entry_is_keyed_by_every_engine_source(monkeypatch)
 
     _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
     gs.grid_sampler3d(x, grid, backend="numba")  # bilinear, zeros, align_corners False: compiled or loaded
-    kernel = forward_kernel(0, 0, False, False, False, channels_last=False).part
+    kernel = forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False).part
     signature = kernel.signatures[0]
     codegen = kernel.targetctx.codegen()
     key = kernel._cache._index_key(signature, codegen)
@@ -805,7 +809,7 @@ def test_helpers_leave_no_machine_code_of_their_own():
 
     _, x, grid = make_case(1, 1, (3, 3, 3), (2, 2, 2), torch.float32)
     gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba")
-    kernel = forward_kernel(0, int(gs.Padding.ZEROS), False, False, False, channels_last=False)
+    kernel = forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False)
     kernel_signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == numba.float32)
     part_kernel(kernel.py_func, cache=False).compile(kernel_signature)  # types the helpers it calls
     signature = next(iter(block.trilinear_cells.overloads))

@@ -3,6 +3,7 @@
 Without a GPU the kernels run on CPU tensors through Triton's interpreter (conftest sets
 TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
 """
+import dataclasses
 import fcntl
 import importlib.util
 import json
@@ -16,7 +17,7 @@ import torch
 
 import gridsampler3d as gs
 from gridsampler3d.backends import BACKENDS
-from gridsampler3d.gpu import engine, tuning
+from gridsampler3d.gpu import autotune, gathered, planner
 from helpers import (DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches,
                      cancelling_channels_last_case, make_case, matrix_id)
 
@@ -83,9 +84,8 @@ def test_single_contribution_dx_is_the_golden_rounded_once(data_format, determin
 def _dx_with_tiles(monkeypatch, small, grad, x, grid, deterministic):
     """dx with programs of 2 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
     if small:
-        monkeypatch.setattr(engine, "_patch_tile", lambda *_, **__: {"BLOCK_D": 1, "BLOCK_H": 1, "BLOCK_W": 2, "BLOCK_C": 1,
-                                                                      "num_warps": 1})
-        monkeypatch.setattr(engine, "_blocks", lambda *_, **__: (16, 1))
+        monkeypatch.setattr(planner, "patch_tile", lambda *_, **__: planner.Tile(block_w=2, num_warps=1))
+        monkeypatch.setattr(planner, "flat_tile", lambda *_, **__: planner.Tile(block_w=16))
     try:
         return gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=deterministic)[0]
     finally:
@@ -135,10 +135,10 @@ def test_deterministic_half_dx_is_summed_in_float64_and_rounded_once(dtype, bits
 def test_deterministic_dx_sums_long_buckets_in_chunks(monkeypatch, mode):
     """Border padding of a grid far outside piles points into the corner cells. Buckets longer
     than the chunk size (4 here) are summed as partial sums of 4 points, then chunk by chunk."""
-    monkeypatch.setattr(engine, "_BUCKET_CHUNK", 4)
+    monkeypatch.setattr(planner, "BUCKET_CHUNK", 4)
     chunked = []
-    chunks = engine._chunks
-    monkeypatch.setattr(engine, "_chunks", lambda *args: chunked.append(chunks(*args)) or chunked[-1])
+    chunks = gathered.chunks
+    monkeypatch.setattr(gathered, "chunks", lambda *args: chunked.append(chunks(*args)) or chunked[-1])
     grad, x, grid = _on(DEVICE, *make_case(1, 3, (3, 4, 3), (5, 6, 7), torch.float32, seed=9, low=-3.0, high=3.0))
     dx, _ = assert_backward_matches(grad, x, grid, mode, "border", False, backend="triton", label="chunked",
                                     deterministic=True)
@@ -162,35 +162,41 @@ def test_tuner_keeps_the_fastest_shape_per_key():
         run()
         return seconds[timed[-1]]
 
-    tuner = tuning.Tuner(timer=timer)
+    tuner = autotune.Tuner(timer=timer)
     assert tuner.choose("k", ["a", "b", "c"], timed.append) == "b"
     assert timed == ["a", "b", "c"]
     assert tuner.choose("k", ["a", "b", "c"], timed.append) == "b" and len(timed) == 3  # remembered, not re-timed
     assert tuner.choose("other", ["a", "b", "c"], timed.append, tune=False) == "a" and len(timed) == 3
     assert tuner.report()[0]["chosen"] == "b" and [c["ms"] for c in tuner.report()[0]["candidates"]] == [3e3, 1e3, 2e3]
-    assert not tuning.enabled(torch.device("cpu"))
+    assert not autotune.enabled(torch.device("cpu"))
 
 
 def test_tuning_is_off_when_switched_off_or_while_a_cuda_graph_is_captured(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     capturing = []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: bool(capturing))
-    assert tuning.enabled(torch.device("cuda"))
+    assert autotune.enabled(torch.device("cuda"))
     capturing.append(True)
-    assert not tuning.enabled(torch.device("cuda"))
+    assert not autotune.enabled(torch.device("cuda"))
     capturing.clear()
-    monkeypatch.setenv(tuning.ENVIRONMENT_VARIABLE, "0")
-    assert not tuning.enabled(torch.device("cuda"))
+    monkeypatch.setenv(autotune.ENVIRONMENT_VARIABLE, "0")
+    assert not autotune.enabled(torch.device("cuda"))
 
 
 @pytest.mark.parametrize("candidate", [0, 1, 2, 3])
 def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
     """Every shape the tuner may pick gives the same bits: forward, and dx of the deterministic mode."""
-    picked = []
+    from gridsampler3d.gpu import engine
 
-    def launch_candidate(kernel, interpolation, x, candidates, launch, tune=True):
-        picked.append((f"{kernel} {gs.Interpolation(interpolation).name.lower()}", min(candidate, len(candidates) - 1)))
-        launch(candidates[min(candidate, len(candidates) - 1)])
+    used = []
+
+    def with_candidate(call):
+        plan = planner.make_plan(call)
+        tile = plan.candidates[min(candidate, len(plan.candidates) - 1)] if plan.candidates else plan.tile
+        gather = plan.gather_candidates[min(candidate, len(plan.gather_candidates) - 1)] \
+            if plan.gather_candidates else plan.gather_tile
+        used.append((plan.stage, tile == plan.tile, gather == plan.gather_tile))
+        return dataclasses.replace(plan, tile=tile, gather_tile=gather)
 
     outputs = {}
     for data_format in ("NCDHW", "NDHWC"):
@@ -198,21 +204,23 @@ def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
                                                low=-1.5, high=1.5))
         for patched in (False, True):
             if patched:
-                monkeypatch.setattr(engine, "_launch_tuned", launch_candidate)
+                monkeypatch.setattr(engine, "make_plan", with_candidate)
             y = gs.grid_sampler3d(x, grid, data_format=data_format, backend="triton")
             dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend="triton",
                                                    deterministic=True)
             outputs[data_format, patched] = (y, dx, dgrid)
             monkeypatch.undo()
         assert all(torch.equal(a, b) for a, b in zip(outputs[data_format, False], outputs[data_format, True]))
-    assert {kernel for kernel, _ in picked} == {"forward bilinear", "backward bilinear", "dx_gather bilinear"}
+    if candidate:  # another shape than the plan's own ran, forward and backward
+        assert any(stage == planner.Stage.FORWARD and not same for stage, same, _ in used)
+        assert any(stage == planner.Stage.BACKWARD and not same_gather for stage, _, same_gather in used)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
 def test_tuned_launches_give_the_golden(monkeypatch, deterministic):
     """With tuning on, each candidate runs on the real operands before the chosen one: an output
     accumulated into (the fast mode's atomic dx) must start from zero again."""
-    monkeypatch.setattr(tuning, "enabled", lambda device: True)
+    monkeypatch.setattr(autotune, "enabled", lambda device: True)
     calls = []
 
     def timer(run, repeats):
@@ -220,26 +228,27 @@ def test_tuned_launches_give_the_golden(monkeypatch, deterministic):
         calls.append(run)
         return 1.0 / len(calls)  # the last candidate looks fastest
 
-    monkeypatch.setattr(tuning, "TUNER", tuning.Tuner(timer=timer))
+    monkeypatch.setattr(autotune, "TUNER", autotune.Tuner(timer=timer))
     grad, x, grid = _on(DEVICE, *make_case(1, 3, (4, 5, 6), (5, 6, 7), torch.float32, seed=8))
     assert_forward_matches(x, grid, backend="triton", label="tuned")
     assert_backward_matches(grad, x, grid, backend="triton", label="tuned", deterministic=deterministic)
-    tuned = {entry["key"][0]: entry for entry in tuning.TUNER.report()}
+    tuned = {entry["key"][0]: entry for entry in autotune.TUNER.report()}
     assert set(tuned) == ({"forward bilinear", "dx_gather bilinear"} if deterministic
                           else {"forward bilinear", "backward bilinear"})
     assert all(entry["chosen"] == entry["candidates"][-1]["shape"] for entry in tuned.values())
 
 
 def test_deterministic_none_follows_torch_flag(monkeypatch):
-    engine = BACKENDS["triton"]
+    from gridsampler3d.gpu import engine
+
     calls = []
-    original = type(engine)._gathered_dx
+    original = engine.gathered_dx
 
     def spy(*args, **kwargs):
         calls.append(True)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(type(engine), "_gathered_dx", staticmethod(spy))
+    monkeypatch.setattr(engine, "gathered_dx", spy)
     grad, x, grid = _on(DEVICE, *make_case(1, 2, (4, 4, 4), (3, 3, 3), torch.float32))
     gs.grid_sampler3d_backward(grad, x, grid, backend="triton")
     assert not calls

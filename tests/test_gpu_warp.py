@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gridsampler3d as gs
+from gridsampler3d.sampling import Field, Outputs, Sampling
 from gridsampler3d.backends import BACKENDS
 from gridsampler3d.layout import memory_format_of
 from helpers import DTYPE_IDS, MATRIX, assert_warp_matches, make_warp_case, matrix_id, poisoned_allocations
@@ -131,8 +132,9 @@ def test_ddisplacement_is_written_in_its_own_layout(channels_last):
         displacement = displacement.permute(0, 2, 3, 4, 1).contiguous().permute(0, 4, 1, 2, 3)
     grad, volume, displacement = _on(DEVICE, grad, volume, displacement)
     with poisoned_allocations() as shapes:
-        _, ddisplacement = BACKENDS["triton"].warp_backward(grad, volume, displacement, gs.Interpolation.BILINEAR,
-                                                            gs.Padding.BORDER, True, (False, True), False)
+        _, ddisplacement = BACKENDS["triton"].backward(grad, volume, Field.displacement(displacement),
+                                                       Sampling.parse("bilinear", "border", True),
+                                                       Outputs(dx=False, dfield=True), False)
     assert ddisplacement.stride() == displacement.stride()
     assert memory_format_of(ddisplacement) == memory_format_of(displacement)
     assert (1, 3, 4, 5, 3) not in shapes and shapes.count((1, 3, 3, 4, 5)) == 1

@@ -11,7 +11,7 @@ from gridsampler3d import cases
 from gridsampler3d.bench.suite import SUITE, WARP_SUITE, build_inputs
 from gridsampler3d.cpu import executors, tuning
 from gridsampler3d.cpu.planner import Call, DxPass, GridPass, Stage, Strategy, facts_needed, make_plan
-from gridsampler3d.modes import Interpolation, Padding
+from gridsampler3d.sampling import FieldKind, Outputs, Sampling
 
 # Enough output values to run on several threads (tuning.PARALLEL_VALUES), and planes that outgrow the cache on
 # one thread (tuning.SERIAL_ITEM_BYTES), even with one channel.
@@ -90,25 +90,25 @@ def test_a_random_grid_with_many_channels_runs_channel_groups():
 
 
 def test_dx_alone_on_two_threads_takes_channel_halves():
-    plan = make_plan(backward(threads=2, want_dgrid=False))
+    plan = make_plan(backward(threads=2, outputs=Outputs(dx=True, dfield=False)))
     assert (plan.strategy, plan.grid_pass, plan.dx_pass, plan.dx_parts) == (
         Strategy.PASSES, GridPass.NONE, DxPass.CHANNEL_HALVES, 2)
-    one_channel = make_plan(backward(threads=2, want_dgrid=False, channels=1))
+    one_channel = make_plan(backward(threads=2, outputs=Outputs(dx=True, dfield=False), channels=1))
     assert one_channel.dx_pass == DxPass.SLABS and one_channel.dx_parts == 2
 
 
 def test_nearest_has_no_grid_gradient_pass():
-    plan = make_plan(backward(interpolation=Interpolation.NEAREST, padding=Padding.REFLECTION, threads=2))
+    plan = make_plan(backward(sampling=Sampling.parse("nearest", "reflection"), threads=2))
     assert plan.grid_pass == GridPass.ZEROS and plan.dx_pass != DxPass.NONE
-    assert "grad_finite" not in facts_needed(backward(interpolation=Interpolation.NEAREST))
+    assert "grad_finite" not in facts_needed(backward(sampling=Sampling.parse("nearest")))
 
 
 def test_the_grid_gradient_sums_pytorchs_terms_for_float64_and_non_finite_grad():
-    assert make_plan(backward(dtype="float64", grad_finite=None)).exact_grid_gradient
-    assert make_plan(backward(grad_finite=False)).exact_grid_gradient
-    assert not make_plan(backward(grad_finite=True)).exact_grid_gradient
+    assert make_plan(backward(dtype="float64", grad_finite=None)).pytorch_terms
+    assert make_plan(backward(grad_finite=False)).pytorch_terms
+    assert not make_plan(backward(grad_finite=True)).pytorch_terms
     assert "grad_finite" not in facts_needed(backward(dtype="float64"))
-    assert "grad_finite" not in facts_needed(backward(want_dgrid=False))
+    assert "grad_finite" not in facts_needed(backward(outputs=Outputs(dx=True, dfield=False)))
 
 
 @pytest.mark.parametrize("dtype, channels, copies", [
@@ -120,7 +120,7 @@ def test_many_channel_ncdhw_backwards_run_on_channels_last_copies(dtype, channel
     # never for a random grid, a strided operand, or half data's dx alone
     assert not make_plan(backward(dtype=dtype, channels=channels, threads=2, smooth=False)).copies
     assert not make_plan(backward(dtype=dtype, channels=channels, threads=2, dense_ncdhw=False)).copies
-    assert not make_plan(backward(dtype="float16", channels=64, want_dgrid=False)).copies
+    assert not make_plan(backward(dtype="float16", channels=64, outputs=Outputs(dx=True, dfield=False))).copies
 
 
 def test_short_rows_are_walked_several_at_a_time():
@@ -128,7 +128,7 @@ def test_short_rows_are_walked_several_at_a_time():
     assert make_plan(call).rows_joined == 6
     assert make_plan(dataclasses.replace(call, threads=2)).rows_joined == 3
     assert make_plan(dataclasses.replace(call, rows_joinable=False)).rows_joined == 1
-    assert make_plan(dataclasses.replace(call, voxels=True)).rows_joined == 1
+    assert make_plan(dataclasses.replace(call, field=FieldKind.DISPLACEMENT)).rows_joined == 1
 
 
 def test_the_verdict_is_needed_only_where_the_plan_reads_it():
@@ -136,13 +136,13 @@ def test_the_verdict_is_needed_only_where_the_plan_reads_it():
     assert facts_needed(forward(channels=1)) == frozenset()  # one plane fits: no channel groups
     assert "smooth" in facts_needed(forward(sizes=(64, 64, 64), channels=16))
     assert "smooth" in facts_needed(backward(threads=2))
-    assert facts_needed(backward(interpolation=Interpolation.BICUBIC)) == frozenset()
+    assert facts_needed(backward(sampling=Sampling.parse("bicubic"))) == frozenset()
     with pytest.raises(ValueError, match="smooth"):
         make_plan(backward(threads=2, smooth=None))
 
 
 def test_bicubic_runs_its_own_kernels():
-    plan = make_plan(backward(interpolation=Interpolation.BICUBIC, threads=2, want_dgrid=False))
+    plan = make_plan(backward(sampling=Sampling.parse("bicubic"), threads=2, outputs=Outputs(dx=True, dfield=False)))
     assert plan.strategy == Strategy.BICUBIC and plan.dx_pass == DxPass.SLABS and plan.grid_pass == GridPass.NONE
 
 
@@ -177,7 +177,9 @@ def test_explain_shows_the_plan_the_engine_runs(case, monkeypatch, threads):
     attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
                       data_format=case.layout)
     warp = case.baseline == "plumbing"
-    explained = [gs.explain(x, field, warp=warp, **attributes), gs.explain(x, field, grad, warp=warp, **attributes)]
+    kind = "displacement" if warp else "grid"
+    explained = [gs.explain(x, field, field_kind=kind, **attributes),
+                 gs.explain(x, field, grad, field_kind=kind, **attributes)]
     plans = _captured(monkeypatch)
     if warp:
         gs.warp3d(x, field, case.mode, case.padding, case.align_corners, backend="numba")

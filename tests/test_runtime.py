@@ -136,5 +136,5 @@ def test_the_backends_command_names_the_path(capsys):
 
     assert main(["backends"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU engine: "))
-    assert line.startswith(f"CPU engine: {jit.describe()}; parts on ")
+    assert line.startswith(f"CPU engine: {jit.compile_path()}; parts on ")
     assert line.startswith("CPU engine: plain: ") == jit.plain() and ("hooks: " in line) != jit.plain()

@@ -99,13 +99,13 @@ def test_only_the_gradient_asked_for_is_computed(needs, monkeypatch):
     x.requires_grad_(needs[0])
     grid.requires_grad_(needs[1])
     masks = []
-    original = gs.api.checked_backward
+    original = gs.api.sample_backward
 
-    def spy(grad, x, field, interpolation, padding, align_corners, output_mask, **kwargs):
-        masks.append(tuple(output_mask))
-        return original(grad, x, field, interpolation, padding, align_corners, output_mask, **kwargs)
+    def spy(grad, x, field, sampling, outputs, **kwargs):
+        masks.append(tuple(outputs))
+        return original(grad, x, field, sampling, outputs, **kwargs)
 
-    monkeypatch.setattr(gs.api, "checked_backward", spy)
+    monkeypatch.setattr(gs.api, "sample_backward", spy)
     gs.grid_sample(x, grid).sum().backward()
     assert masks == [needs]
     assert (x.grad is not None) == needs[0] and (grid.grad is not None) == needs[1]
@@ -147,7 +147,7 @@ def test_warp3d_identity_and_shift():
 def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     x, grid = _leaves(seed=5)
     calls = []
-    for name in ("grid_sampler3d", "checked_backward"):
+    for name in ("grid_sampler3d", "sample_backward"):
         original = getattr(gs.api, name)
         monkeypatch.setattr(patching.api, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
 
@@ -160,7 +160,7 @@ def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     with gs.patched():
         assert gs.is_patched()
         during = run()
-        assert calls == ["grid_sampler3d", "checked_backward"]
+        assert calls == ["grid_sampler3d", "sample_backward"]
         image = torch.randn(1, 2, 4, 4, dtype=torch.float64)
         F.grid_sample(image, torch.zeros(1, 2, 2, 2, dtype=torch.float64), align_corners=False)  # 4-D: untouched
         assert len(calls) == 2

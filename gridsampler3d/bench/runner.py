@@ -175,12 +175,10 @@ def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -
 
 
 def _plans(case: BenchCase, device: str, scale: float) -> dict:
-    """The CPU engine's plan for the case's forward and backward (:func:`gridsampler3d.explain`), as text."""
-    if device != "cpu":
-        return {}
+    """The engine's plan for the case's forward and backward on ``device`` (:func:`gridsampler3d.explain`), as text."""
     (grad, x, field), _ = build_inputs(case, device, scale)
     attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                      data_format=case.layout, warp=case.baseline == "plumbing")
+                      data_format=case.layout, field_kind="displacement" if case.baseline == "plumbing" else "grid")
     return {"forward": str(api.explain(x, field, **attributes)),
             "backward": str(api.explain(x, field, grad, **attributes))}
 

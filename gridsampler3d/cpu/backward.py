@@ -6,7 +6,7 @@ taps across the same lanes, summing channels outer and taps inner in float64, Py
 order. Phase B walks the block's points in order and adds their taps into dx, each
 thread only into the (n, z) planes it owns (:mod:`.slabs`), with a branch-free path for
 points whose eight taps all land there. Kernels are built per (interpolation, padding,
-align_corners), compiled on first use and cached on disk.
+align_corners) and kind of field, compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_cells, slab_taps, slot, tap_delta,
-                    tap_weight, trilinear_cells, unsigned)
-from .coords import NEAREST, ZEROS
+from ..sampling import FieldKind, Sampling
+from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_position, scratch_cells, slab_taps, slot,
+                    tap_delta, tap_weight, trilinear_cells, unsigned)
+from .coords import GRID, NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
-from .records import ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Geometry, Operand, Outputs, Points, RowRanges
+from .records import (ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Geometry, Operand, Outputs, Points, RowRanges,
+                      coordinate_rule)
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 class _Scratch(NamedTuple):
@@ -134,21 +136,48 @@ def zero_reached(dx, geometry, zeroed, reached, whole, base, first, last):
     zeroed[0], zeroed[1] = min(below, first), max(above, last)
 
 
-@functools.cache
-def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact: bool = True, voxels: bool = False,
-                    exact_remainder: bool = False, channels_last: bool = False):
-    """The backward kernel of one mode triple (and coordinate source).
+class RowPlace(NamedTuple):
+    """Where an output row stands for one part (:func:`_row_place`): whether it computes dx and the field's
+    gradient, its (n, d, h), this part's planes z_lo .. z_hi - 1 of batch n its taps may reach, and where
+    its first point lies in the field, in the field's gradient and in grad."""
+    do_dx: bool
+    do_dfield: bool
+    n: int
+    d: int
+    h: int
+    z_lo: int
+    z_hi: int
+    field_at: int
+    dfield_at: int
+    grad_at: int
 
-    ``exact`` keeps PyTorch's association in the grid gradient (float64 bitwise equal to
-    PyTorch); otherwise (for float32 and half data, computed in float64 and rounded once)
-    it sums the separable form, a third of the arithmetic.
+
+class BlockPlace(NamedTuple):
+    """Where a block of a row's points starts: in grad, in the field's gradient and in the carried sums; its
+    batch item, and the part's slab z_lo .. z_hi - 1."""
+    grad_at: int
+    dfield_at: int
+    carry_at: int
+    n: int
+    z_lo: int
+    z_hi: int
+
+
+@functools.cache
+def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = True, exact_remainder: bool = False,
+                    channels_last: bool = False):
+    """The backward kernel of one sampling rule and kind of field.
+
+    ``pytorch_terms`` keeps PyTorch's terms and association in the grid gradient (float64
+    bitwise equal to PyTorch); otherwise (for float32 and half data, computed in float64
+    and rounded once) it sums the separable form, a third of the arithmetic.
 
     ``kernel(operands, geometry, parts, rows, outputs, carry, unresolved)`` is one parallel
     kernel (:class:`.jit.Parallel`). ``operands`` (:class:`BackwardOperands`) holds grad,
     x, grid, dx (N, C, D, H, W) and dgrid (N, Do, Ho, Wo, 3); it fills dx if
-    ``outputs.dx`` and dgrid if ``outputs.dgrid`` (:class:`.records.Outputs`). With
-    ``voxels`` (the fused warp) grid and dgrid are a displacement and its gradient (N, 3,
-    Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
+    ``outputs.dx`` and dgrid if ``outputs.dfield`` (:class:`~gridsampler3d.sampling.Outputs`).
+    For a displacement (``field``) grid and dgrid are the displacement and its gradient
+    (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels, both with strides given as (n, d, h, w,
     -component) (see :func:`.forward.forward_kernel`).
 
     ``parts`` (P, 4) gives each part its dx planes [first, end) (plane = n * D + z) and
@@ -168,6 +197,9 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
     as for :func:`.forward.forward_kernel`: only such kernels compile the channels-inner
     paths.
     """
+    # The records as the constants the kernel is compiled with.
+    interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
+        sampling, field, forward=False, exact_remainder=exact_remainder)
     nearest = interpolation == NEAREST
 
     @part_kernel
@@ -177,25 +209,22 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                                borrow(operands[4]))
         geometry, outputs = Geometry(*geometry), Outputs(*outputs)
         work = _part_scratch(scratch, part)
-        ranges = RowRanges(borrowed(rows[0]), borrowed(rows[1]))
-        carried = Carry(borrowed(carry[0]), carry[1])
+        ranges, carried = RowRanges(borrowed(rows[0]), borrowed(rows[1])), Carry(borrowed(carry[0]), carry[1])
         unresolved = borrowed(unresolved_operand)
-        rule = CoordinateRule(padding, align_corners, False, exact_remainder, voxels)
+        rule = CoordinateRule(interpolation, padding, align_corners, field_code, forward, exact)
         planes = (parts[part, 0], parts[part, 1], parts[0, 2])  # this part's planes; the carry's first row
         work.zeroed[0], work.zeroed[1] = planes[0], planes[0]  # the run of this part's dx planes zeroed so far
         unresolved[part] = 0
-        x_spatial = (ops.x.strides[2], ops.x.strides[3], ops.x.strides[4])
-        dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
+        x_spatial, dx_spatial = ops.x.strides[2:], ops.dx.strides[2:]
         for row in range(parts[part, 2], parts[part, 3]):
-            do_dx, do_dgrid, n, d, h, z_lo, z_hi, first_point, first_dgrid, first_grad = _row_place(
-                ops, geometry, rule.voxels, row, planes, ranges, outputs, 1 if nearest else 2)
-            for start in range(0, geometry.out_sizes[2] if do_dx or do_dgrid else 0, BLOCK):
-                points = Points(first_point + start * ops.grid.strides[3], ops.grid.strides[3], ops.grid.strides[4],
+            at = _row_place(ops, geometry, field_code, row, planes, ranges, outputs, 1 if nearest else 2)
+            n, do_dx = at.n, at.do_dx
+            for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
+                points = Points(at.field_at + start * ops.grid.strides[3], ops.grid.strides[3], ops.grid.strides[4],
                                 min(BLOCK, geometry.out_sizes[2] - start))
-                origin = (float(start), float(h), float(d))
-                # the block's first point in grad, in dgrid and in the carried sums; its batch; its slab
-                place = (first_grad + start * ops.grad.strides[4], first_dgrid + start * ops.dgrid.strides[3],
-                         (row - planes[2]) * geometry.out_sizes[2] + start, n, z_lo, z_hi)
+                origin = (float(start), float(at.h), float(at.d))
+                place = BlockPlace(at.grad_at + start * ops.grad.strides[4], at.dfield_at + start * ops.dgrid.strides[3],
+                                   (row - planes[2]) * geometry.out_sizes[2] + start, n, at.z_lo, at.z_hi)
                 # Each choice below is made by the kernel's constants, so that each kernel
                 # compiles only its own path (docs/cpu.md, "Compilation").
                 if nearest:
@@ -208,26 +237,27 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
                     unresolved[part] = 1
                     return
                 if do_dx:  # the taps in this part's slab; the planes they reach, zeroed where not yet
-                    slab_taps(points.count, work.cells.inside, work.cells.lowest, z_lo, z_hi, work.taps)
+                    slab_taps(points.count, work.cells.inside, work.cells.lowest, place.z_lo, place.z_hi, work.taps)
                     zero_reached(ops.dx, geometry, work.zeroed, (points.count, work.cells.lowest, work.taps, 2),
-                                 False, n * geometry.sizes[0], z_lo, z_hi)
-                if do_dgrid:
+                                 False, n * geometry.sizes[0], place.z_lo, place.z_hi)
+                if at.do_dfield:
                     masked_offsets(points.count, work.cells.corner, work.cells.inside, x_spatial, work.offsets)
                     sums = (work.grad_x, work.grad_y, work.grad_z)
-                    _start_sums(points.count, carried, place[2], sums)
-                    if exact:
-                        _grid_gradient(points.count, ops.grad, place[0], ops.x, n * ops.x.strides[0],
+                    _start_sums(points.count, carried, place.carry_at, sums)
+                    if pytorch_terms:
+                        _grid_gradient(points.count, ops.grad, place.grad_at, ops.x, n * ops.x.strides[0],
                                        geometry.channels, work.cells, work.offsets, work.pairs, sums)
                     elif channels_last:
                         _channels_last_gradient(ops, geometry.channels, points.count, place, work, sums)
                     else:
-                        _grid_gradient_separable(points.count, ops.grad, place[0], ops.x, n * ops.x.strides[0],
+                        _grid_gradient_separable(points.count, ops.grad, place.grad_at, ops.x, n * ops.x.strides[0],
                                                  geometry.channels, work.cells, work.offsets, work.pairs, sums)
                     _store_sums(points.count, ops.dgrid, geometry, rule, place, carried, work.cells, sums)
                 if do_dx and channels_last:
                     _channels_last_scatter(ops, geometry.channels, points.count, place, work)
                 elif do_dx:
-                    _scatter(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place[0], geometry.channels, work)
+                    _scatter(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels,
+                             work)
         if outputs.dx:  # the planes no point reached
             zero_reached(ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0],
                          planes[1])
@@ -236,14 +266,10 @@ def backward_kernel(interpolation: int, padding: int, align_corners: bool, exact
 
 
 @helper
-def _row_place(ops, geometry, voxels, row, planes, ranges, outputs, reach):
-    """Where output row ``row`` stands: (do_dx, do_dgrid, n, d, h, z_lo, z_hi, its first point in grid, in dgrid
-    and in grad); its taps may reach this part's planes z_lo .. z_hi - 1 of batch n."""
+def _row_place(ops, geometry, field, row, planes, ranges, outputs, reach):
+    """Where output row ``row`` stands for this part (:class:`RowPlace`); ``field`` the kind's code."""
     depth = geometry.sizes[0]
-    out_depth, out_height, _ = geometry.out_sizes
-    n = row // (out_depth * out_height)
-    d = (row // out_height) % out_depth
-    h = row % out_height
+    n, d, h = row_position(row, geometry.out_sizes)
     z_lo = max(planes[0] - n * depth, 0)
     z_hi = min(planes[1] - n * depth, depth)
     in_slab = z_lo < z_hi
@@ -252,16 +278,16 @@ def _row_place(ops, geometry, voxels, row, planes, ranges, outputs, reach):
                                                                    and ranges.first[row] < z_hi))
     grid, dgrid, grad = ops.grid.strides, ops.dgrid.strides, ops.grad.strides
     # Where the row's x components start in grid and dgrid (a displacement's dx sits above dz).
-    first_point = n * grid[0] + d * grid[1] + h * grid[2] - (2 * grid[4] if voxels else 0)
-    first_dgrid = n * dgrid[0] + d * dgrid[1] + h * dgrid[2] - (2 * dgrid[4] if voxels else 0)
+    first_point = n * grid[0] + d * grid[1] + h * grid[2] - (2 * grid[4] if field != GRID else 0)
+    first_dgrid = n * dgrid[0] + d * dgrid[1] + h * dgrid[2] - (2 * dgrid[4] if field != GRID else 0)
     first_grad = n * grad[0] + d * grad[2] + h * grad[3]
-    return do_dx, in_slab and outputs.dgrid, n, d, h, z_lo, z_hi, first_point, first_dgrid, first_grad
+    return RowPlace(do_dx, in_slab and outputs.dfield, n, d, h, z_lo, z_hi, first_point, first_dgrid, first_grad)
 
 
 @helper
 def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
     """One block of nearest: its points' voxels, and their grad added into dx; False where unresolved."""
-    grad_at, _, _, n, z_lo, z_hi = place
+    n, z_lo, z_hi = place.n, place.z_lo, place.z_hi
     cells = work.cells
     dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
     if nearest_cells(ops.grid.array, points, geometry.sizes, rule, origin, dx_spatial, cells):
@@ -270,7 +296,7 @@ def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
         slab_taps(points.count, cells.inside, cells.lowest, z_lo, z_hi, work.taps)
         zero_reached(ops.dx, geometry, work.zeroed, (points.count, cells.lowest, work.taps, 1), False,
                      n * geometry.sizes[0], z_lo, z_hi)
-        _scatter_nearest(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, grad_at, geometry.channels,
+        _scatter_nearest(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels,
                          cells.corner, work.taps)
     return True
 
@@ -279,29 +305,29 @@ def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
 def _channels_last_gradient(ops, channels, count, place, work, sums):
     """The separable grid gradient of channels-last data: with enough contiguous channels, each tap's channels read
     as vectors (the same sums)."""
-    x_batch = place[3] * ops.x.strides[0]
+    x_batch = place.n * ops.x.strides[0]
     if channels >= VECTOR_CHANNELS and ops.grad.strides[1] == 1 and ops.x.strides[1] == 1:
         # (Each separable path computes its pair weights: hoisted above both, the
         # backward took 1.05 (cl64) to 1.08 (feat48) of its time at two threads.)
         _pair_weights(count, work.cells.sides, work.pairs)
-        _grid_gradient_channels_inner(count, ops.grad.array, place[0], ops.grad.strides[4], ops.x.array, x_batch,
+        _grid_gradient_channels_inner(count, ops.grad.array, place.grad_at, ops.grad.strides[4], ops.x.array, x_batch,
                                       channels, work.cells.inside, work.offsets, work.pairs, work.terms, sums)
         return
-    _grid_gradient_separable(count, ops.grad, place[0], ops.x, x_batch, channels, work.cells, work.offsets,
+    _grid_gradient_separable(count, ops.grad, place.grad_at, ops.x, x_batch, channels, work.cells, work.offsets,
                              work.pairs, sums)
 
 
 @helper
 def _channels_last_scatter(ops, channels, count, place, work):
     """Phase B of a channels-last block: with enough contiguous channels, each tap adds to a channel vector."""
-    dx_batch = place[3] * ops.dx.strides[0]
+    dx_batch = place.n * ops.dx.strides[0]
     if channels >= VECTOR_CHANNELS and ops.grad.strides[1] == 1 and ops.dx.strides[1] == 1:
         dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
-        _scatter_channels_inner(count, ops.dx.array, dx_batch, dx_spatial, ops.grad.array, place[0],
+        _scatter_channels_inner(count, ops.dx.array, dx_batch, dx_spatial, ops.grad.array, place.grad_at,
                                 ops.grad.strides[4], channels, _tap_weights(count, work), work.cells.other_corner,
                                 work.taps)
         return
-    _scatter(count, ops.dx, dx_batch, ops.grad, place[0], channels, work)
+    _scatter(count, ops.dx, dx_batch, ops.grad, place.grad_at, channels, work)
 
 
 @helper
@@ -340,7 +366,7 @@ def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
     """
     grad_x, grad_y, grad_z = sums
     if carry.mode == CarryMode.FIRST or carry.mode == CarryMode.MIDDLE:
-        at, points = place[2], carry.sums.size // 3
+        at, points = place.carry_at, carry.sums.size // 3
         for i in range(count):
             carry.sums[at + i] = grad_x[i]
         for i in range(count):
@@ -350,11 +376,11 @@ def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
         return
     unit = 1 if rule.align_corners else 0
     depth, height, width = geometry.sizes
-    slope_x, slope_y, slope_z = (1.0, 1.0, 1.0) if rule.voxels else (
+    slope_x, slope_y, slope_z = (1.0, 1.0, 1.0) if rule.field != GRID else (
         (width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
     zeros = rule.padding == ZEROS
-    at, step, component = place[1], dgrid.strides[3], dgrid.strides[4]
-    if rule.voxels and step == 1:
+    at, step, component = place.dfield_at, dgrid.strides[3], dgrid.strides[4]
+    if rule.field != GRID and step == 1:
         # A displacement's components are three contiguous rows: stored through views,
         # each in a loop of its own, the stores vectorise (docs/cpu.md).
         row_x = dgrid.array[at:at + count]

@@ -7,13 +7,13 @@ multiplier is the unnormalising slope alone. Taps run z outermost, x innermost; 
 arithmetic is float64, in the reference's order (y and dgrid sum separably: along x, then
 y, then z, PyTorch's 2-D order), so float64 results equal the reference bit for bit.
 
-With ``voxels`` (the fused warp) the "grid" is a displacement in voxels with strides
+For a displacement (the fused warp) the "grid" is the displacement in voxels with strides
 given as (n, d, h, w, -component), as for the trilinear kernels (:mod:`.forward`), and
 the point's index is its identity position plus the displacement, slope 1.
 
 Each kernel is a part kernel run by :class:`.jit.Parallel`, with these operands: each
-tensor as an (array, strides) pair (:func:`.engine._flat`), ``geometry`` = (N, C, (D,
-H, W), (Do, Ho, Wo)) and ``rule`` = (padding, align_corners, voxels). :data:`forward`
+tensor as an (array, strides) pair (:func:`.engine.operand`), ``geometry`` = (N, C, (D,
+H, W), (Do, Ho, Wo)) and ``rule`` the call's :class:`.records.CoordinateRule`. :data:`forward`
 and :data:`dgrid` take ``parts`` equal runs of output rows. :data:`dx` is
 owner-computes: ``parts`` holds one (first, last) run of (n, z) planes per part, and each
 part walks every point in order, adding only the taps that land in its planes, so each
@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from .backward import zero_planes
-from .coords import cubic_slope, cubic_weight, pad_tap, unnormalize
+from .block import row_position
+from .coords import GRID, cubic_slope, cubic_weight, pad_tap, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel, part_rows
-from .records import Operand
+from .records import CoordinateRule, Operand
 
 __all__ = ["dgrid", "dx", "forward"]
 
@@ -48,10 +49,10 @@ def _part_scratch(scratch, part):
 
 
 @helper
-def _first_point(grid_strides, n, d, h, w, voxels):
-    """Where the grid (or, with ``voxels``, the displacement) holds the x component of output point (n, d, h, w)."""
+def _first_point(grid_strides, n, d, h, w, field):
+    """Where the grid (or a displacement, as ``field`` says) holds the x component of output point (n, d, h, w)."""
     point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
-    return point - 2 * grid_strides[4] if voxels else point
+    return point - 2 * grid_strides[4] if field != GRID else point
 
 
 @helper
@@ -70,11 +71,11 @@ def _axis_taps(index, size, padding, align_corners, taps, weights, slopes, axis)
 def _point_taps(grid, point, step, sizes, rule, position, taps, weights, slopes):
     """Fill the taps, weights and slopes of the grid point at ``point``, output point ``position`` (w, h, d);
     return its multipliers (mx, my, mz)."""
-    padding, align_corners, voxels = rule
+    padding, align_corners, field = rule.padding, rule.align_corners, rule.field
     w, h, d = position
-    ix, mx = unnormalize(float(grid[point]), sizes[2], align_corners, voxels, float(w))
-    iy, my = unnormalize(float(grid[point + step]), sizes[1], align_corners, voxels, float(h))
-    iz, mz = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, voxels, float(d))
+    ix, mx = unnormalize(float(grid[point]), sizes[2], align_corners, field, float(w))
+    iy, my = unnormalize(float(grid[point + step]), sizes[1], align_corners, field, float(h))
+    iz, mz = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, field, float(d))
     _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
     _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
@@ -113,6 +114,7 @@ def _tap_sum(x, base, offsets, weights):
 def _forward(x_operand, grid_operand, y_operand, geometry, rule, parts, scratch, part):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3): run ``part`` of ``parts`` runs of
     output rows, every element written."""
+    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     y, y_strides = borrowed(y_operand[0]), y_operand[1]
@@ -122,11 +124,9 @@ def _forward(x_operand, grid_operand, y_operand, geometry, rule, parts, scratch,
     spatial = (x_strides[2], x_strides[3], x_strides[4])
     rows = batch * out_depth * out_height
     for row in range(part * rows // parts, (part + 1) * rows // parts):
-        n = row // (out_depth * out_height)
-        d = (row // out_height) % out_depth
-        h = row % out_height
+        n, d, h = row_position(row, out_sizes)
         for w in range(out_width):
-            point = _first_point(grid_strides, n, d, h, w, rule[2])
+            point = _first_point(grid_strides, n, d, h, w, rule.field)
             _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
@@ -169,6 +169,7 @@ def _gradient_sums(grad, out, grad_step, x, base, x_step, channels, offsets, wei
 def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule, parts, scratch, part):
     """dgrid (N, Do, Ho, Wo, 3) (strides in grid order, as the grid's) of run ``part`` of ``parts`` runs of
     output rows: the multipliers times :func:`_gradient_sums`."""
+    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
@@ -179,17 +180,15 @@ def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule,
     spatial = (x_strides[2], x_strides[3], x_strides[4])
     rows = batch * out_depth * out_height
     for row in range(part * rows // parts, (part + 1) * rows // parts):
-        n = row // (out_depth * out_height)
-        d = (row // out_height) % out_depth
-        h = row % out_height
+        n, d, h = row_position(row, out_sizes)
         for w in range(out_width):
-            point = _first_point(grid_strides, n, d, h, w, rule[2])
+            point = _first_point(grid_strides, n, d, h, w, rule.field)
             mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
             gx, gy, gz = _gradient_sums(grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels,
                                         offsets, weights, slopes)
-            target = _first_point(dgrid_strides, n, d, h, w, rule[2])
+            target = _first_point(dgrid_strides, n, d, h, w, rule.field)
             dgrid[target] = mx * gx
             dgrid[target + dgrid_strides[4]] = my * gy
             dgrid[target + 2 * dgrid_strides[4]] = mz * gz
@@ -199,16 +198,16 @@ def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule,
 def _reaches(grid, point, step, sizes, rule, position, slab, taps, weights, slopes):
     """Whether a z tap of the grid point at ``point`` lies in the planes ``slab`` = (z_lo, z_hi); if so, every
     axis's taps, weights and slopes are filled (see :func:`_point_taps`)."""
-    padding, align_corners, voxels = rule
+    padding, align_corners, field = rule.padding, rule.align_corners, rule.field
     w, h, d = position
-    iz, _ = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, voxels, float(d))
+    iz, _ = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, field, float(d))
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
     mine = False
     for k in range(4):
         mine = mine or slab[0] <= taps[8 + k] < slab[1]
     if mine:
-        ix, _ = unnormalize(float(grid[point]), sizes[2], align_corners, voxels, float(w))
-        iy, _ = unnormalize(float(grid[point + step]), sizes[1], align_corners, voxels, float(h))
+        ix, _ = unnormalize(float(grid[point]), sizes[2], align_corners, field, float(w))
+        iy, _ = unnormalize(float(grid[point + step]), sizes[1], align_corners, field, float(h))
         _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
         _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     return mine
@@ -239,6 +238,7 @@ def _scatter(grad, out, grad_step, dx, first, dx_strides, channels, sizes, slab,
 @part_kernel
 def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, part):
     """dx (N, C, D, H, W) of planes parts[part, 0] .. parts[part, 1] - 1 (plane = n * D + z), every element written."""
+    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     dx, dx_strides = borrowed(dx_operand[0]), dx_operand[1]
@@ -256,7 +256,7 @@ def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, 
         for d in range(out_depth):
             for h in range(out_height):
                 for w in range(out_width):
-                    point = _first_point(grid_strides, n, d, h, w, rule[2])
+                    point = _first_point(grid_strides, n, d, h, w, rule.field)
                     if not _reaches(grid, point, grid_strides[4], sizes, rule, (w, h, d), slab, taps, weights,
                                     slopes):
                         continue

@@ -45,6 +45,13 @@ def borrow(operand):
 
 
 @helper
+def row_position(row, out_sizes):
+    """(n, d, h) of output row ``row``, rows numbered n * Do * Ho + d * Ho + h over the output's (Do, Ho, Wo)."""
+    out_depth, out_height, _ = out_sizes
+    return row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
+
+
+@helper
 def unsigned(index):
     """``index``, which the caller knows to be a valid (so non-negative) index, typed unsigned.
 
@@ -103,13 +110,13 @@ def grid_coordinates(grid, first, step, component, count, coords):
 def _point(coords, i, sizes, rule, origin_x, origin_y, origin_z):
     """(ix, iy, iz, mx, my, mz, resolved) of point i, its grid components in ``coords`` (:func:`grid_coordinates`).
 
-    With ``rule.voxels`` the "grid" is a displacement in voxels from (origin_x, origin_y, origin_z).
+    A field other than a grid (``rule.field``) is in voxels from (origin_x, origin_y, origin_z).
     """
     depth, height, width = sizes
-    padding, align_corners, forward, exact, voxels = rule
-    ix, mx, done_x = source_index(coords[i], width, padding, align_corners, forward, exact, voxels, origin_x)
-    iy, my, done_y = source_index(coords[slot(1, i)], height, padding, align_corners, forward, exact, voxels, origin_y)
-    iz, mz, done_z = source_index(coords[slot(2, i)], depth, padding, align_corners, forward, exact, voxels, origin_z)
+    _, padding, align_corners, field, forward, exact = rule
+    ix, mx, done_x = source_index(coords[i], width, padding, align_corners, forward, exact, field, origin_x)
+    iy, my, done_y = source_index(coords[slot(1, i)], height, padding, align_corners, forward, exact, field, origin_y)
+    iz, mz, done_z = source_index(coords[slot(2, i)], depth, padding, align_corners, forward, exact, field, origin_z)
     return ix, iy, iz, mx, my, mz, done_x & done_y & done_z
 
 
@@ -138,9 +145,9 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     ``points`` (:class:`.records.Points`) locates the block's grid values in the flat
-    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates`. With
-    ``rule.voxels`` they are a displacement in voxels and point i's identity position is
-    (origin[0] + i, origin[1], origin[2]). Fills, in ``cells`` (:class:`.records.Cells`):
+    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates`. For a field
+    other than a grid (``rule.field``) they are a displacement in voxels and point i's identity
+    position is (origin[0] + i, origin[1], origin[2]). Fills, in ``cells`` (:class:`.records.Cells`):
 
     - ``sides[slot(s, i)]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
       PyTorch's weights, low = floor + 1 - index, high = index - floor);
@@ -151,7 +158,7 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
     - with ``multipliers`` and unless padding is zeros, ``mx``, ``my``, ``mz``.
 
     Returns how many points need reflection's exact remainder (always 0 with
-    ``rule.exact``, or with other paddings; see :func:`.coords.reflect_with_grad`): their
+    ``rule.exact_remainder``, or with other paddings; see :func:`.coords.reflect_with_grad`): their
     entries are then not to be used, and the engine runs the kernel built with
     ``exact_remainder`` (:func:`.forward.forward_kernel`).
     """

@@ -11,11 +11,13 @@ import numpy as np
 
 from ..modes import Interpolation, Padding
 from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
+from ..sampling import FieldKind
 from .jit import helper
 
-# The modes as the plain ints the kernels compare with (a Numba kernel takes in a global's value).
+# The records' codes as the plain ints the kernels compare with (a Numba kernel takes in a global's value).
 BILINEAR, NEAREST = int(Interpolation.BILINEAR), int(Interpolation.NEAREST)
 ZEROS, BORDER, REFLECTION = int(Padding.ZEROS), int(Padding.BORDER), int(Padding.REFLECTION)
+GRID, DISPLACEMENT = int(FieldKind.GRID), int(FieldKind.DISPLACEMENT)
 
 # The rules below are helpers (jit.py): LLVM inlines them into each kernel, where they fold
 # with the kernel's compile-time modes; Numba's IR inliner would cost several times the compile time.
@@ -71,11 +73,11 @@ def to_safe_range(index):
 
 
 @helper
-def source_index(coord, size, padding, align_corners, forward, exact=True, voxels=False, origin=0.0):
-    """Voxel index and d index / d coord of one normalised coordinate along ``size`` voxels.
+def source_index(coord, size, padding, align_corners, forward, exact=True, field=GRID, origin=0.0):
+    """Voxel index and d index / d coord of one coordinate of a field of kind ``field`` along ``size`` voxels.
 
-    With ``voxels`` (the fused warp) ``coord`` is a displacement in voxels from ``origin``:
-    the index is ``origin + coord`` and its slope 1, before padding.
+    A grid's coordinate is normalised. Any other field's (a displacement's) is in voxels from
+    ``origin``: the index is ``origin + coord`` and its slope 1, before padding.
 
     Returns (index, multiplier, resolved); ``resolved`` is 0 only where ``exact`` is
     False and reflection needs the exact remainder (see :func:`reflect_with_grad`), else 1.
@@ -83,7 +85,7 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, voxel
     padding (clipped to ``size - 1``); the backward lets it fall out of range. Written
     without data-dependent branches, so that loops over points vectorise.
     """
-    if voxels:
+    if field != GRID:
         index = origin + coord
         multiplier = 1.0
     elif align_corners:
@@ -112,10 +114,10 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, voxel
 
 
 @helper
-def unnormalize(coord, size, align_corners, voxels=False, origin=0.0):
-    """(index, d index / d coord) of a normalised coordinate along ``size`` voxels
-    (with ``voxels``: of a displacement from ``origin``, see :func:`source_index`)."""
-    if voxels:
+def unnormalize(coord, size, align_corners, field=GRID, origin=0.0):
+    """(index, d index / d coord) of a coordinate of a field of kind ``field`` along ``size`` voxels
+    (normalised for a grid; else in voxels from ``origin``, see :func:`source_index`)."""
+    if field != GRID:
         return origin + coord, 1.0
     if align_corners:
         return (coord + 1.0) * 0.5 * (size - 1), (size - 1) * 0.5

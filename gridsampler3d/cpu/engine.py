@@ -20,17 +20,18 @@ import numpy as np
 import torch
 
 from ..layout import memory_format_of
-from ..modes import Interpolation, Padding
+from ..modes import Interpolation
 from ..rounding import HALF_DTYPES
+from ..sampling import Field, FieldKind, Outputs, Sampling
 from . import buffers, pool, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
 from .planner import Call, Plan, Stage, facts_needed, make_plan
 from .records import Geometry, Operand
-from .rounding import round_once
+from .rounding import round_in_parts
 from .slabs import looks_coherent
 
-__all__ = ["NumbaBackend"]
+__all__ = ["NumbaBackend", "describe_call", "plan_call"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
 
@@ -56,25 +57,27 @@ def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     return buffers.empty(tensor.shape, _kernel_dtype_of(tensor.dtype), memory_format_of(tensor)).copy_(tensor)
 
 
-def _operand(tensor: torch.Tensor) -> Operand:
+def operand(tensor: torch.Tensor) -> Operand:
     """A tensor as the kernels take it (:func:`_flat`)."""
     return Operand(*_flat(tensor))
 
 
-def _field_operand(field: torch.Tensor, voxels: bool):
-    """(operand with strides in grid order (n, d, h, w, component), output sizes) of a grid or displacement.
+def _kernel_strides(field: Field, strides) -> tuple:
+    """A field's (or its gradient's) strides as the kernels read them: in point order (n, d, h, w, component); a
+    displacement's component stride negated, since the kernels read its x (dx) 2 components above dz."""
+    strides = field.point_strides(strides)
+    return strides[:4] + (-strides[4],) if field.kind == FieldKind.DISPLACEMENT else strides
 
-    A displacement (N, 3, Do, Ho, Wo) as (dz, dy, dx) is read as a grid whose x is its
-    last component: component stride negated, the kernels starting 2 components up.
-    """
-    flat, strides = _flat(field)
-    if voxels:
-        return Operand(flat, (strides[0], strides[2], strides[3], strides[4], -strides[1])), tuple(field.shape[2:])
-    return Operand(flat, strides), tuple(field.shape[1:4])
+
+def field_operand(field: Field, tensor: torch.Tensor | None = None) -> Operand:
+    """The operand of ``field``'s tensor, or of ``tensor`` shaped like it (its gradient, a widened copy), with strides
+    in the kernels' order (:func:`_kernel_strides`)."""
+    flat, strides = _flat(field.tensor if tensor is None else tensor)
+    return Operand(flat, _kernel_strides(field, strides))
 
 
 @functools.cache
-def _nothing(dtype: torch.dtype) -> Operand:
+def _empty_operand(dtype: torch.dtype) -> Operand:
     """The operand of an output not asked for: empty, zero strides (one per dtype: nothing writes it)."""
     return Operand(torch.empty(0, dtype=dtype).numpy(), (0, 0, 0, 0, 0))
 
@@ -106,11 +109,11 @@ def _joined(out_sizes, rows: int):
     return depth, height // rows, rows * width
 
 
-def _smooth(field, voxels: bool, depth: int, nearest: bool, align_corners: bool) -> bool:
-    """:func:`.slabs.looks_coherent` of a grid, or a displacement (``voxels``), from about ``SAMPLED_ROWS`` of its
-    output rows; ``depth`` is the input's."""
-    batch, out_depth, out_height = (field.shape[0], *field.shape[2:4]) if voxels else field.shape[:3]
-    return looks_coherent(field, voxels, depth, nearest, align_corners, row_step(batch * out_depth * out_height))
+def _smooth(field: Field, depth: int, sampling: Sampling) -> bool:
+    """:func:`.slabs.looks_coherent` of a field from about ``SAMPLED_ROWS`` of its output rows; ``depth`` is the
+    input's."""
+    out_depth, out_height, _ = field.out_sizes
+    return looks_coherent(field, depth, sampling, row_step(field.tensor.shape[0] * out_depth * out_height))
 
 
 def _finite(grad) -> bool:
@@ -129,15 +132,14 @@ def _finite(grad) -> bool:
     return finite_sum or bool(torch.isfinite(values).all())
 
 
-def _facts(call: Call, needed, field, grad) -> tuple:
+def _facts(call: Call, needed, field: Field, grad) -> tuple:
     """(smooth, grad_finite): the facts about the data named in ``needed`` (:func:`.planner.facts_needed`),
     measured; None where not needed."""
-    smooth = _smooth(field, call.voxels, call.sizes[0], call.interpolation == Interpolation.NEAREST,
-                     call.align_corners) if "smooth" in needed else None
+    smooth = _smooth(field, call.sizes[0], call.sampling) if "smooth" in needed else None
     return smooth, (_finite(grad) if "grad_finite" in needed else None)
 
 
-def _kernel_strides(tensor: torch.Tensor):
+def _dense_strides(tensor: torch.Tensor):
     """The strides of ``tensor`` as the kernels will see it (:func:`_kernel_dtype`), without widening it."""
     if tensor.dtype in _KERNEL_DTYPES:
         return tuple(tensor.stride())
@@ -152,44 +154,35 @@ def _kernel_strides(tensor: torch.Tensor):
     return tuple(strides)
 
 
-def describe(stage: Stage, x, field, interpolation, padding, align_corners, *, voxels=False, grad=None,
-             output_mask=(True, True)) -> Call:
-    """The planner's description of a call from its NCDHW tensors, without the facts about the data.
-
-    ``field`` is the grid (N, Do, Ho, Wo, 3), or with ``voxels`` the displacement (N, 3,
-    Do, Ho, Wo); ``grad`` is given for a backward.
-    """
-    out_sizes = tuple(field.shape[2:] if voxels else field.shape[1:4])
-    field_strides = _kernel_strides(field)
-    if voxels:
-        field_strides = (field_strides[0], *field_strides[2:], -field_strides[1])
-    joinable = _joinable([field_strides], [_kernel_strides(grad)] if grad is not None else [], out_sizes[2])
+def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs()) -> Call:
+    """The planner's description of a call from its NCDHW tensors and records, without the facts about the data
+    (``grad`` is given for a backward)."""
+    out_sizes = field.out_sizes
+    field_strides = _kernel_strides(field, _dense_strides(field.tensor))
+    joinable = _joinable([field_strides], [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
     return Call(stage=stage, batch=x.shape[0], channels=x.shape[1], sizes=tuple(x.shape[2:]), out_sizes=out_sizes,
-                dtype=str(x.dtype).removeprefix("torch."), interpolation=Interpolation(interpolation),
-                padding=Padding(padding), align_corners=bool(align_corners),
-                channels_last=memory_format_of(x) == torch.channels_last_3d, voxels=voxels,
-                want_dx=bool(output_mask[0]), want_dgrid=bool(output_mask[1]), threads=pool.threads(),
-                dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(), rows_joinable=joinable)
+                dtype=str(x.dtype).removeprefix("torch."), sampling=sampling, field=field.kind,
+                outputs=Outputs(*map(bool, outputs)), channels_last=memory_format_of(x) == torch.channels_last_3d,
+                threads=pool.threads(), dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
+                rows_joinable=joinable)
 
 
-# What was planned for calls seen before, by what describe() reads of them (shapes, strides,
-# dtypes, modes, outputs, threads) and tuning's values: (the description, the facts its plan
-# reads, the plans made so far by those facts). A call like an earlier one then plans with
-# two lookups (an 8³ backward, in a loop: 26 us to 7).
+# What was planned for calls seen before, by what describe_call() reads of them (shapes,
+# strides, dtypes, records, threads) and tuning's values: (the description, the facts its
+# plan reads, the plans made so far by those facts). A call like an earlier one then plans
+# with two lookups (an 8³ backward, in a loop: 26 us to 7).
 _PLANNED: dict = {}
 _PLANNED_MOST = 512
 
 
-def plan_call(stage: Stage, x, field, interpolation, padding, align_corners, *, voxels=False, grad=None,
-              output_mask=(True, True)) -> Plan:
-    """The plan of a call: :func:`describe`, the facts its plan reads measured, :func:`.planner.make_plan`."""
-    key = (stage, interpolation, padding, align_corners, voxels, bool(output_mask[0]), bool(output_mask[1]),
-           pool.threads(), x.shape, x.stride(), x.dtype, field.shape, field.stride(), field.dtype,
-           None if grad is None else (grad.stride(), grad.dtype), tuning.values())
+def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs()) -> Plan:
+    """The plan of a call: :func:`describe_call`, the facts its plan reads measured, :func:`.planner.make_plan`."""
+    tensor = field.tensor
+    key = (stage, sampling, field.kind, outputs, pool.threads(), x.shape, x.stride(), x.dtype, tensor.shape,
+           tensor.stride(), tensor.dtype, None if grad is None else (grad.stride(), grad.dtype), tuning.values())
     planned = _PLANNED.get(key)
     if planned is None:
-        call = describe(stage, x, field, interpolation, padding, align_corners, voxels=voxels, grad=grad,
-                        output_mask=output_mask)
+        call = describe_call(stage, x, field, sampling, grad=grad, outputs=outputs)
         if len(_PLANNED) >= _PLANNED_MOST:
             _PLANNED.clear()
         planned = _PLANNED[key] = (call, facts_needed(call), {})
@@ -202,15 +195,15 @@ def plan_call(stage: Stage, x, field, interpolation, padding, align_corners, *, 
 
 
 def _rounded(result: torch.Tensor, dtype: torch.dtype, layout) -> torch.Tensor:
-    """A result of the kernels in the caller's ``dtype`` (:func:`.rounding.round_once`) and ``layout``; the result
-    itself where the kernels computed in that dtype (it was made in that layout)."""
+    """A result of the kernels in the caller's ``dtype`` (:func:`.rounding.round_in_parts`) and ``layout``; the
+    result itself where the kernels computed in that dtype (it was made in that layout)."""
     if result.dtype == dtype:
         return result
-    return round_once(result, dtype).contiguous(memory_format=layout)
+    return round_in_parts(result, dtype).contiguous(memory_format=layout)
 
 
 class NumbaBackend:
-    """Parallel Numba kernels for CPU tensors (see ``gridsampler3d.cpu``)."""
+    """Parallel Numba kernels for CPU tensors (see ``gridsampler3d.cpu``); a :class:`.backends.Backend`."""
 
     name = "numba"
 
@@ -220,76 +213,53 @@ class NumbaBackend:
     def supports(self, device: torch.device) -> bool:
         return device.type == "cpu"
 
-    def forward(self, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        return self._forward(x, grid, interpolation, padding, align_corners, False)
-
-    def warp(self, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool):
-        return self._forward(x, displacement, interpolation, padding, align_corners, True)
-
-    def backward(self, grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool,
-                 output_mask, deterministic: bool):
-        # Always deterministic (sums in a fixed order), so ``deterministic`` changes nothing here.
-        return self._backward(grad, x, grid, interpolation, padding, align_corners, output_mask, False)
-
-    def warp_backward(self, grad, x, displacement, interpolation: Interpolation, padding: Padding,
-                      align_corners: bool, output_mask, deterministic: bool):
-        return self._backward(grad, x, displacement, interpolation, padding, align_corners, output_mask, True)
-
-    def _forward(self, x, field, interpolation, padding, align_corners, voxels):
-        plan = plan_call(Stage.FORWARD, x, field, interpolation, padding, align_corners, voxels=voxels)
+    def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
+        plan = plan_call(Stage.FORWARD, x, field, sampling)
         dtype, layout = x.dtype, memory_format_of(x)
-        x, field = _kernel_dtype(x), _kernel_dtype(field)
-        grid, out_sizes = _field_operand(field, voxels)
+        x = _kernel_dtype(x)
+        out_sizes = field.out_sizes
         y = buffers.empty(x.shape[:2] + out_sizes, x.dtype, layout)
         k = plan.rows_joined
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
-        run_forward(ForwardWork(plan, _operand(x), _join_grid_like(grid, k), _join_out_like(_operand(y), k),
-                                geometry, (interpolation, padding, align_corners, voxels)))
+        run_forward(ForwardWork(plan, operand(x), _join_grid_like(field_operand(field, _kernel_dtype(field.tensor)), k),
+                                _join_out_like(operand(y), k), geometry, sampling, field.kind))
         return _rounded(y, dtype, layout)
 
-    def _backward(self, grad, x, field, interpolation, padding, align_corners, output_mask, voxels):
-        plan = plan_call(Stage.BACKWARD, x, field, interpolation, padding, align_corners, voxels=voxels, grad=grad,
-                         output_mask=output_mask)
+    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
+                 deterministic: bool):
+        """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
+        plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs)
         if not plan.copies:
-            return self._execute_backward(plan, grad, x, field, (interpolation, padding, align_corners, voxels),
-                                          output_mask)
+            return _execute_backward(plan, grad, x, field, sampling, outputs)
         # The channels-last kernels on channels-last copies of grad (and x, which only
         # the grid gradient reads), dx copied back: the same bits as the NCDHW kernels.
         grad = transpose.to_channels_last(grad)
         # For dx alone, an unwritten channels-last stand-in in the kernels' dtype.
-        x = (transpose.to_channels_last(x) if output_mask[1] else
+        x = (transpose.to_channels_last(x) if outputs.dfield else
              buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d))
-        dx, dgrid = self._execute_backward(plan, grad, x, field, (interpolation, padding, align_corners, voxels),
-                                           output_mask)
+        dx, dfield = _execute_backward(plan, grad, x, field, sampling, outputs)
         del grad, x  # before dx's copy: the copies' peak is then three operands' worth, not four
-        return (transpose.to_contiguous(dx) if output_mask[0] else None), dgrid
+        return (transpose.to_contiguous(dx) if outputs.dx else None), dfield
 
-    def _execute_backward(self, plan: Plan, grad, x, field, modes, output_mask):
-        want_dx, want_dgrid = output_mask
-        voxels = modes[3]
-        dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_backward)
-        grad, x, field = _kernel_dtype(grad), _kernel_dtype(x), _kernel_dtype(field)
-        grid, out_sizes = _field_operand(field, voxels)
-        dgrid, dgrid_operand = None, None
-        if want_dgrid:
-            # The grid gradient comes out laid out like its grid: contiguous, or like the displacement.
-            dgrid = buffers.empty(field.shape, field.dtype,
-                                  memory_format_of(field) if voxels else torch.contiguous_format)
-            dgrid_operand = _field_operand(dgrid, voxels)[0]
-            if modes[0] == Interpolation.NEAREST:
-                dgrid.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
-        dx = buffers.empty(x.shape, x.dtype, layout) if want_dx else None
-        k = plan.rows_joined
-        operands = BackwardOperands(grad=_join_out_like(_operand(grad), k), x=_operand(x),
-                                    grid=_join_grid_like(grid, k), dx=_operand(dx) if want_dx else _nothing(x.dtype),
-                                    dgrid=_join_grid_like(dgrid_operand, k) if want_dgrid else _nothing(field.dtype))
-        geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
-        run_backward(BackwardWork(plan, operands, geometry, modes))
-        return self._finish(dx, dgrid, dtype, layout, output_mask)
 
-    @staticmethod
-    def _finish(dx, dgrid, dtype, layout, output_mask):
-        """Round the float32/float64 results into the caller's dtype and layout (dgrid keeps its own);
-        None where not asked for."""
-        dx = _rounded(dx, dtype, layout) if output_mask[0] else None
-        return dx, (_rounded(dgrid, dtype, memory_format_of(dgrid)) if output_mask[1] else None)
+def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, outputs: Outputs):
+    """The backward's kernels on the given operands (as they are, or their channels-last copies)."""
+    dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_backward)
+    grad, x = _kernel_dtype(grad), _kernel_dtype(x)
+    wide_field = _kernel_dtype(field.tensor)
+    dfield, dfield_operand = None, _empty_operand(wide_field.dtype)
+    if outputs.dfield:
+        dfield = buffers.empty(field.tensor.shape, wide_field.dtype, field.gradient_format())
+        dfield_operand = field_operand(field, dfield)
+        if sampling.interpolation == Interpolation.NEAREST:
+            dfield.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
+    dx = buffers.empty(x.shape, x.dtype, layout) if outputs.dx else None
+    k = plan.rows_joined
+    operands = BackwardOperands(grad=_join_out_like(operand(grad), k), x=operand(x),
+                                grid=_join_grid_like(field_operand(field, wide_field), k),
+                                dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
+                                dgrid=_join_grid_like(dfield_operand, k))
+    geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(field.out_sizes, k))
+    run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
+    dx = _rounded(dx, dtype, layout) if outputs.dx else None
+    return dx, (_rounded(dfield, dtype, memory_format_of(dfield)) if outputs.dfield else None)

@@ -13,11 +13,12 @@ import threading
 import numpy as np
 
 from ..modes import Interpolation
+from ..sampling import FieldKind, Outputs, Sampling
 from . import bicubic, pool
 from .backward import BackwardOperands, backward_kernel
 from .forward import forward_kernel
 from .planner import DxPass, GridPass, Plan, Strategy
-from .records import Carry, CarryMode, Geometry, Operand, Outputs, RowRanges, unnamed
+from .records import Carry, CarryMode, Geometry, Operand, RowRanges, coordinate_rule, unnamed
 from .slabs import depth_ranges, plan_slabs, row_parts
 
 __all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward"]
@@ -31,23 +32,25 @@ _EVERY_ROW = RowRanges(np.empty(0, np.int64), np.empty(0, np.int64))
 
 @dataclasses.dataclass(frozen=True)
 class ForwardWork:
-    """A forward's plan and operands: x (N, C, D, H, W), grid, y (N, C, Do, Ho, Wo); ``modes`` is
-    (interpolation, padding, align_corners, voxels)."""
+    """A forward's plan and operands: x (N, C, D, H, W), the field (its operand in grid order, see
+    :func:`.engine.field_operand`), y (N, C, Do, Ho, Wo); the call's sampling rule and kind of field."""
     plan: Plan
     x: Operand
     grid: Operand
     y: Operand
     geometry: Geometry
-    modes: tuple
+    sampling: Sampling
+    field: FieldKind
 
 
 @dataclasses.dataclass(frozen=True)
 class BackwardWork:
-    """A backward's plan and operands (:class:`.backward.BackwardOperands`); ``modes`` as for :class:`ForwardWork`."""
+    """A backward's plan and operands (:class:`.backward.BackwardOperands`); the records as for :class:`ForwardWork`."""
     plan: Plan
     operands: BackwardOperands
     geometry: Geometry
-    modes: tuple
+    sampling: Sampling
+    field: FieldKind
 
     @property
     def rows(self) -> int:
@@ -58,9 +61,8 @@ class BackwardWork:
         return self.geometry.batch * self.geometry.sizes[0]
 
     def kernel(self, exact_remainder: bool):
-        interpolation, padding, align_corners, voxels = self.modes
-        return backward_kernel(int(interpolation), int(padding), bool(align_corners), self.plan.exact_grid_gradient,
-                               voxels, exact_remainder, channels_last=self.plan.channels_last)
+        return backward_kernel(self.sampling, self.field, self.plan.pytorch_terms, exact_remainder,
+                               channels_last=self.plan.channels_last)
 
 
 def launch(build, launches=(), together: bool = False, shared=()) -> None:
@@ -147,9 +149,7 @@ def run_forward(work: ForwardWork) -> None:
 
 
 def _forward_kernel(work: ForwardWork):
-    interpolation, padding, align_corners, voxels = work.modes
-    return functools.partial(forward_kernel, int(interpolation), int(padding), bool(align_corners), voxels,
-                             channels_last=work.plan.channels_last)
+    return functools.partial(forward_kernel, work.sampling, work.field, channels_last=work.plan.channels_last)
 
 
 def _forward_rows(work: ForwardWork) -> None:
@@ -167,10 +167,9 @@ def _forward_channel_groups(work: ForwardWork) -> None:
 
 
 def _forward_bicubic(work: ForwardWork) -> None:
-    _, padding, align_corners, voxels = work.modes
+    rule = coordinate_rule(work.sampling, work.field, forward=True)
     # Runs of rows that the threads take in turn, as for the trilinear passes by rows.
-    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.y, work.geometry,
-                                                  (int(padding), bool(align_corners), voxels), work.plan.runs)])
+    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.y, work.geometry, rule, work.plan.runs)])
 
 
 def _forward_serial(work: ForwardWork) -> None:
@@ -203,11 +202,10 @@ def _slabs(work: BackwardWork, count: int):
     if count == 1:
         return _whole(work), _EVERY_ROW
     ranges = RowRanges(np.zeros(work.rows, np.int64), np.zeros(work.rows, np.int64))
-    interpolation, padding, align_corners, voxels = work.modes
     geometry = work.geometry
-    depth_ranges(work.operands.grid, geometry, (int(interpolation), int(padding), bool(align_corners), voxels),
-                 (row_step(work.rows), True), ranges, count)
-    nearest = interpolation == Interpolation.NEAREST
+    depth_ranges(work.operands.grid, geometry, coordinate_rule(work.sampling, work.field), (row_step(work.rows), True),
+                 ranges, count)
+    nearest = work.sampling.interpolation == Interpolation.NEAREST
     return plan_slabs(ranges.first, ranges.last, geometry.batch, geometry.sizes[0],
                       geometry.sizes[1] * geometry.sizes[2], geometry.out_sizes[2], 1 if nearest else 2,
                       count), ranges
@@ -244,7 +242,7 @@ def _backward_passes(work: BackwardWork) -> None:
     _DX_PASSES[work.plan.dx_pass](work)
 
 
-def _nothing(work: BackwardWork) -> None:
+def _no_pass(work: BackwardWork) -> None:
     """No pass: the output is not asked for, or (nearest's grid gradient) zeroed by the engine."""
 
 
@@ -313,8 +311,7 @@ def _dx_by_channel_halves(work: BackwardWork) -> None:
 
 
 def _backward_bicubic(work: BackwardWork) -> None:
-    _, padding, align_corners, voxels = work.modes
-    ops, rule = work.operands, (int(padding), bool(align_corners), voxels)
+    ops, rule = work.operands, coordinate_rule(work.sampling, work.field)
     if work.plan.dx_pass != DxPass.NONE:
         # Equal runs of planes: every slab walks every point, so the work splits evenly.
         bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
@@ -324,9 +321,9 @@ def _backward_bicubic(work: BackwardWork) -> None:
                                                     work.plan.runs)])
 
 
-_GRID_PASSES = {GridPass.NONE: _nothing, GridPass.ZEROS: _nothing, GridPass.ROWS: _grid_by_rows,
+_GRID_PASSES = {GridPass.NONE: _no_pass, GridPass.ZEROS: _no_pass, GridPass.ROWS: _grid_by_rows,
                 GridPass.CHANNEL_GROUPS: _grid_by_channel_groups}
-_DX_PASSES = {DxPass.NONE: _nothing, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
+_DX_PASSES = {DxPass.NONE: _no_pass, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
               DxPass.CHANNEL_HALVES: _dx_by_channel_halves}
 def _backward_serial(work: BackwardWork) -> None:
     """Every output asked for in one walk over the points, on the calling thread."""

@@ -5,8 +5,8 @@ points as SIMD lanes; then every channel gathers its taps across the same lanes.
 last data with enough channels instead runs the channel vector innermost. Operands are
 flat 1-D arrays with element strides (any layout is read in place); offsets are int64.
 
-Kernels are built per (interpolation, padding, align_corners), so the per-point code
-carries no branch on the modes; each is compiled on first use and cached on disk.
+Kernels are built per (:class:`~gridsampler3d.sampling.Sampling`, field kind), so the
+per-point code carries no branch on the modes; each is compiled on first use and cached on disk.
 """
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .block import (borrow, masked_offsets, nearest_cells, part_cells, scratch_cells, slot, tap_weight, trilinear_cells,
-                    unsigned)
-from .coords import NEAREST
+from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_position, scratch_cells, slot, tap_weight,
+                    trilinear_cells, unsigned)
+from ..sampling import FieldKind, Sampling
+from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
-from .records import Cells, CoordinateRule, Geometry, Points
+from .records import Cells, CoordinateRule, Geometry, Points, coordinate_rule
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
 @functools.cache
-def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels: bool = False,
-                   exact_remainder: bool = False, channels_last: bool = False):
-    """The forward kernel of one mode triple (and coordinate source).
+def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool = False, channels_last: bool = False):
+    """The forward kernel of one sampling rule and kind of field.
 
     ``kernel(x, grid, y, geometry, parts, unresolved)`` (:class:`.records.Operand` and
     :class:`.records.Geometry` records) fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C,
@@ -43,14 +43,17 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
     own because, inlined beside the fast pass as a rare re-run, it left the fast pass
     several times slower.)
 
-    With ``voxels`` (the fused warp) ``grid`` is instead a displacement (N, 3, Do, Ho, Wo)
-    as (dz, dy, dx) in voxels, whose strides are given as (n, d, h, w, -component): dx
-    sits 2 components above dz, read at a negative component step.
+    For a displacement (``field``) ``grid`` is (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels,
+    its strides given as (n, d, h, w, -component): dx sits 2 components above dz, read at a
+    negative component step.
 
     With ``channels_last`` (the engine sets it for channels-last data) the kernel runs the
     channel loop innermost where the strides allow; without it the kernel never compiles
     that path (about 0.4 s of a first call's compile).
     """
+    # The records as the constants the kernel is compiled with.
+    interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
+        sampling, field, forward=True, exact_remainder=exact_remainder)
     nearest = interpolation == NEAREST
 
     @part_kernel
@@ -61,17 +64,15 @@ def forward_kernel(interpolation: int, padding: int, align_corners: bool, voxels
         unresolved = borrowed(unresolved_operand)
         cells = part_cells(scratch.cells, part)
         work = (borrowed(scratch.weights)[part], borrowed(scratch.offsets)[part], borrowed(scratch.totals)[part])
-        rule = CoordinateRule(padding, align_corners, True, exact_remainder, voxels)
+        rule = CoordinateRule(interpolation, padding, align_corners, field_code, forward, exact)
         out_depth, out_height, out_width = geometry.out_sizes
         rows = geometry.batch * out_depth * out_height
         spatial = (x.strides[2], x.strides[3], x.strides[4])
         unresolved[part] = 0
         for row in range(part * rows // parts, (part + 1) * rows // parts):
-            n = row // (out_depth * out_height)
-            d = (row // out_height) % out_depth
-            h = row % out_height
+            n, d, h = row_position(row, geometry.out_sizes)
             first_point = n * grid.strides[0] + d * grid.strides[1] + h * grid.strides[2]
-            if voxels:
+            if field_code != GRID:  # a displacement's x component sits 2 components above
                 first_point -= 2 * grid.strides[4]
             first_out = n * y.strides[0] + d * y.strides[2] + h * y.strides[3]
             for start in range(0, out_width, BLOCK):

@@ -49,7 +49,7 @@ from . import pool
 from .records import unnamed
 from .tuning import hardware_gathers_pay
 
-__all__ = ["TESTED_NUMBA", "Parallel", "borrowed", "describe", "gathers_in_use", "helper", "outlined_helper",
+__all__ = ["TESTED_NUMBA", "Parallel", "borrowed", "compile_path", "gathers_in_use", "helper", "outlined_helper",
            "part_kernel", "part_rows", "plain", "zero_elements"]
 
 #: The oldest and newest Numba releases the hooks were tested with (``pyproject.toml`` requires this range).
@@ -84,7 +84,7 @@ def plain() -> bool:
     return _hooks is None
 
 
-def describe() -> str:
+def compile_path() -> str:
     """One line on how the kernels compile here: the path, the Numba version and, hooked, the hooks in use."""
     if _hooks is None:
         return f"plain: numba.njit alone (numba {numba.__version__}; {_plain_reason}; no disk cache)"
@@ -109,10 +109,10 @@ def gathers_in_use() -> bool:
 @functools.cache
 def _engine_sources() -> str:
     """A digest of the CPU engine's source files (the helpers that every kernel inlines live in them) and of
-    the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding)."""
+    the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding, the field kinds)."""
     digest = hashlib.sha256()
     engine = pathlib.Path(__file__).parent
-    shared = [engine.parent / name for name in ("modes.py", "reference.py", "rounding.py")]
+    shared = [engine.parent / name for name in ("modes.py", "reference.py", "rounding.py", "sampling.py")]
     for path in [*sorted(engine.glob("*.py")), *shared]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

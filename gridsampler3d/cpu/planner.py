@@ -21,8 +21,9 @@ import enum
 import functools
 import math
 
-from ..modes import Interpolation, Padding
+from ..modes import Interpolation
 from ..rounding import HALF_DTYPES
+from ..sampling import FieldKind, Outputs, Sampling
 from . import tuning
 
 __all__ = ["Call", "DxPass", "GridPass", "Plan", "Stage", "Strategy", "facts_needed", "make_plan"]
@@ -67,6 +68,8 @@ class DxPass(enum.Enum):
 class Call:
     """What the planner knows of a call. Sizes are (D, H, W) of the input and (Do, Ho, Wo) of the output.
 
+    ``sampling`` and ``field`` are the call's records (:mod:`gridsampler3d.sampling`: the rule,
+    and the kind of field it samples at); ``outputs`` the gradients a backward computes.
     ``threads`` is what the caller's torch setting allows; ``channels_last`` is x's layout;
     ``dense_ncdhw`` says grad and x are contiguous NCDHW tensors (copies to channels-last
     are possible); ``rows_joinable`` says every output-shaped operand steps h by exactly a
@@ -80,13 +83,10 @@ class Call:
     sizes: tuple
     out_sizes: tuple
     dtype: str = "float32"
-    interpolation: Interpolation = Interpolation.BILINEAR
-    padding: Padding = Padding.ZEROS
-    align_corners: bool = False
+    sampling: Sampling = Sampling()
+    field: FieldKind = FieldKind.GRID
+    outputs: Outputs = Outputs()
     channels_last: bool = False
-    voxels: bool = False
-    want_dx: bool = True
-    want_dgrid: bool = True
     threads: int = 1
     dense_ncdhw: bool = True
     rows_joinable: bool = True
@@ -112,7 +112,7 @@ class Plan:
     (beside the grid gradient: the threads on dx); ``channel_group`` channels per group of
     a pass by channel groups (the forward's, or dx's); ``grid_channel_group`` and
     ``carry_rows`` the grid gradient's groups and its chunks of rows; ``copies`` runs the
-    channels-last kernels on channels-last copies of grad and x; ``exact_grid_gradient``
+    channels-last kernels on channels-last copies of grad and x; ``pytorch_terms``
     sums PyTorch's own terms (float64, or a non-finite grad) instead of the separable form.
     """
     stage: Stage
@@ -128,7 +128,7 @@ class Plan:
     runs: int = 1
     rows_joined: int = 1
     copies: bool = False
-    exact_grid_gradient: bool = False
+    pytorch_terms: bool = False
 
     def __str__(self) -> str:
         words = [f"{self.stage.value} {self.strategy.value}", f"{self.threads} thread{'s' * (self.threads > 1)}"]
@@ -149,7 +149,7 @@ class Plan:
         computes_grid = self.strategy in (Strategy.FUSED, Strategy.BESIDE) or self.grid_pass in (
             GridPass.ROWS, GridPass.CHANNEL_GROUPS)
         if self.stage == Stage.BACKWARD and self.strategy != Strategy.BICUBIC and computes_grid:
-            words.append("PyTorch's grid-gradient terms" if self.exact_grid_gradient else "separable grid gradient")
+            words.append("PyTorch's grid-gradient terms" if self.pytorch_terms else "separable grid gradient")
         if self.rows_joined > 1:
             words.append(f"rows joined by {self.rows_joined}")
         return ", ".join(word for word in words if word)
@@ -176,7 +176,7 @@ def facts_needed(call: Call) -> frozenset:
     needed = set()
     if _smooth_matters(call):
         needed.add("smooth")
-    if (call.stage == Stage.BACKWARD and call.interpolation == Interpolation.BILINEAR and call.want_dgrid
+    if (call.stage == Stage.BACKWARD and call.sampling.interpolation == Interpolation.BILINEAR and call.outputs.dfield
             and call.dtype != "float64"):
         needed.add("grad_finite")
     return frozenset(needed)
@@ -187,16 +187,16 @@ def make_plan(call: Call) -> Plan:
     missing = [fact for fact in sorted(facts_needed(call)) if getattr(call, fact) is None]
     if missing:
         raise ValueError(f"make_plan needs the call's {' and '.join(missing)} (see facts_needed)")
-    if _small(call) and call.interpolation != Interpolation.BICUBIC:
+    if _small(call) and call.sampling.interpolation != Interpolation.BICUBIC:
         return _serial_plan(call)
-    if call.interpolation == Interpolation.BICUBIC:
+    if call.sampling.interpolation == Interpolation.BICUBIC:
         threads = _threads(call)
         backward = call.stage == Stage.BACKWARD
         return Plan(call.stage, Strategy.BICUBIC, threads, call.channels_last,
                     runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1], call),
-                    grid_pass=GridPass.ROWS if backward and call.want_dgrid else GridPass.NONE,
-                    dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
-                    dx_parts=threads if backward and call.want_dx else 0)
+                    grid_pass=GridPass.ROWS if backward and call.outputs.dfield else GridPass.NONE,
+                    dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
+                    dx_parts=threads if backward and call.outputs.dx else 0)
     if call.stage == Stage.FORWARD:
         return _forward_plan(call)
     if _copies_pay(call):
@@ -223,15 +223,15 @@ def _serial_plan(call: Call) -> Plan:
     scratch between calls.
     """
     backward = call.stage == Stage.BACKWARD
-    nearest = call.interpolation == Interpolation.NEAREST
-    want_dgrid = backward and call.want_dgrid and not nearest
+    nearest = call.sampling.interpolation == Interpolation.NEAREST
+    want_dgrid = backward and call.outputs.dfield and not nearest
     return Plan(call.stage, Strategy.SERIAL, 1, call.channels_last,
-                grid_pass=GridPass.ZEROS if backward and nearest and call.want_dgrid else (
+                grid_pass=GridPass.ZEROS if backward and nearest and call.outputs.dfield else (
                     GridPass.ROWS if want_dgrid else GridPass.NONE),
-                dx_pass=DxPass.SLABS if backward and call.want_dx else DxPass.NONE,
-                dx_parts=int(backward and call.want_dx),
+                dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
+                dx_parts=int(backward and call.outputs.dx),
                 rows_joined=_rows_joined(call, 1, False),
-                exact_grid_gradient=want_dgrid and (call.dtype == "float64" or not call.grad_finite))
+                pytorch_terms=want_dgrid and (call.dtype == "float64" or not call.grad_finite))
 
 
 def _threads(call: Call) -> int:
@@ -248,7 +248,7 @@ def channel_group(call: Call) -> int:
 
 def _smooth_matters(call: Call) -> bool:
     """Whether the plan of ``call`` depends on the grid's smoothness verdict."""
-    if call.interpolation == Interpolation.BICUBIC or _small(call):
+    if call.sampling.interpolation == Interpolation.BICUBIC or _small(call):
         return False
     if call.stage == Stage.FORWARD:
         return not call.channels_last and call.channels > channel_group(call)
@@ -258,19 +258,19 @@ def _smooth_matters(call: Call) -> bool:
 def _backward_asks(call: Call) -> bool:
     """Whether a backward's split (fused or not, channel groups, rows joined) depends on the verdict."""
     threads, channels = _threads(call), call.channels
-    want_dgrid = call.want_dgrid and call.interpolation != Interpolation.NEAREST
+    want_dgrid = call.outputs.dfield and call.sampling.interpolation != Interpolation.NEAREST
     group = channel_group(call)
-    by_channels = call.want_dx and not call.channels_last and channels > group
+    by_channels = call.outputs.dx and not call.channels_last and channels > group
     dgrid_by_channels = want_dgrid and not call.channels_last and channels > group
     verdict_counts = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS)
-    return dgrid_by_channels or (call.want_dx and (verdict_counts or by_channels))
+    return dgrid_by_channels or (call.outputs.dx and (verdict_counts or by_channels))
 
 
 def _copies_possible(call: Call) -> bool:
     """Whether a backward may run on channels-last copies, the verdict aside (see :func:`_copies_pay`)."""
     half = call.dtype in _HALF
-    return (call.stage == Stage.BACKWARD and call.interpolation == Interpolation.BILINEAR and not call.channels_last
-            and call.dtype != "float64" and not (half and not call.want_dgrid) and call.dense_ncdhw
+    return (call.stage == Stage.BACKWARD and call.sampling.interpolation == Interpolation.BILINEAR and not call.channels_last
+            and call.dtype != "float64" and not (half and not call.outputs.dfield) and call.dense_ncdhw
             and call.channels >= (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS))
 
 
@@ -299,8 +299,8 @@ def _forward_plan(call: Call) -> Plan:
 
 def _backward_plan(call: Call) -> Plan:
     threads, channels = _threads(call), call.channels
-    nearest = call.interpolation == Interpolation.NEAREST
-    want_dgrid = call.want_dgrid and not nearest
+    nearest = call.sampling.interpolation == Interpolation.NEAREST
+    want_dgrid = call.outputs.dfield and not nearest
     group = channel_group(call)
     smooth = _backward_asks(call) and bool(call.smooth)
     random = _backward_asks(call) and not smooth
@@ -308,14 +308,14 @@ def _backward_plan(call: Call) -> Plan:
     joined = _rows_joined(call, threads, random)
     rows = call.batch * call.out_sizes[0] * call.out_sizes[1] // joined
     common = dict(stage=call.stage, threads=threads, channels_last=call.channels_last, rows_joined=joined,
-                  runs=_runs(threads, rows, call), exact_grid_gradient=want_dgrid and (
+                  runs=_runs(threads, rows, call), pytorch_terms=want_dgrid and (
                       call.dtype == "float64" or not call.grad_finite))
-    if call.want_dx and threads > 1 and coherent:
+    if call.outputs.dx and threads > 1 and coherent:
         return Plan(strategy=Strategy.BESIDE, dx_parts=threads - threads // 2, **common)
-    if call.want_dx and threads == 1 and coherent and channels < tuning.FUSED_CHANNELS:
+    if call.outputs.dx and threads == 1 and coherent and channels < tuning.FUSED_CHANNELS:
         return Plan(strategy=Strategy.FUSED, dx_parts=1, **common)
     grid_pass, grid_group, carry_rows = GridPass.NONE, 0, 0
-    if nearest and call.want_dgrid:
+    if nearest and call.outputs.dfield:
         grid_pass = GridPass.ZEROS
     elif want_dgrid and (smooth or call.channels_last or channels <= group):
         grid_pass = GridPass.ROWS
@@ -324,11 +324,11 @@ def _backward_plan(call: Call) -> Plan:
         # rows whose three float64 sums per point fit the carry
         carry_rows = max(1, tuning.CARRY_BYTES // (24 * call.out_sizes[2] * joined))
     dx_pass, dx_parts, dx_group = DxPass.NONE, 0, 0
-    if call.want_dx and not call.channels_last and channels > group and not smooth:
+    if call.outputs.dx and not call.channels_last and channels > group and not smooth:
         dx_pass, dx_group = DxPass.CHANNEL_GROUPS, group
-    elif call.want_dx and threads == 2 and not call.channels_last and channels >= 2:
+    elif call.outputs.dx and threads == 2 and not call.channels_last and channels >= 2:
         dx_pass, dx_parts = DxPass.CHANNEL_HALVES, 2
-    elif call.want_dx:
+    elif call.outputs.dx:
         dx_pass, dx_parts = DxPass.SLABS, threads
     return Plan(strategy=Strategy.PASSES, grid_pass=grid_pass, dx_pass=dx_pass, dx_parts=dx_parts,
                 channel_group=dx_group, grid_channel_group=grid_group, carry_rows=carry_rows, **common)
@@ -357,12 +357,12 @@ def _rows_joined(call: Call, threads: int, random: bool) -> int:
     row of w (``rows_joinable``), rows h .. h + k - 1 of an (n, d) plane are one row of
     k * Wo points, the same points in the same order, so results do not change.
 
-    Rows stay as they are for the fused warp (``voxels``: its kernels place each point by
-    its row and column), and for a grid judged ``random`` at several threads: a full
+    Rows stay as they are for a field in voxels (a displacement: its kernels place each
+    point by its row and column), and for a grid judged ``random`` at several threads: a full
     block's scratch with its random gathers' lines outgrew the L1 cache that the core's
     two threads share (rand64 forward at two threads, rows joined: 1.2 times the time).
     """
-    if call.voxels or (random and threads > 1) or call.out_sizes[1] == 1 or not call.rows_joinable:
+    if call.field.in_voxels or (random and threads > 1) or call.out_sizes[1] == 1 or not call.rows_joinable:
         return 1
     return _rows_per_long_row(*call.out_sizes, threads)
 

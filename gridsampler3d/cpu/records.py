@@ -2,7 +2,9 @@
 
 A kernel never takes a tensor's array and its strides as two loose arguments: an
 :class:`Operand` carries both, a :class:`Geometry` carries every size, and flags travel
-as named records (:class:`Outputs`, :class:`CoordinateRule`). Numba passes tuples to
+as named records (:class:`~gridsampler3d.sampling.Outputs`, :class:`CoordinateRule`).
+The call's :class:`~gridsampler3d.sampling.Sampling` and field kind reach the kernels as
+one :class:`CoordinateRule` of plain ints and bools, made by :func:`coordinate_rule` only. Numba passes tuples to
 compiled code as plain structures, flattened into the arguments (so every array in them
 still gets the ``noalias`` promise of :mod:`.jit`).
 
@@ -19,8 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..sampling import FieldKind, Outputs, Sampling
+
 __all__ = ["ALL_TAPS", "AXIS_TAPS", "Carry", "CarryMode", "CoordinateRule", "Geometry", "Operand", "Outputs",
-           "Cells", "Points", "RowRanges", "unnamed"]
+           "Cells", "Points", "RowRanges", "coordinate_rule", "unnamed"]
 
 
 class Operand(NamedTuple):
@@ -42,24 +46,29 @@ class Geometry(NamedTuple):
     out_sizes: tuple
 
 
-class Outputs(NamedTuple):
-    """Which outputs a backward launch writes."""
-    dx: bool
-    dgrid: bool
-
-
 class CoordinateRule(NamedTuple):
-    """How a grid value becomes a source index (:func:`.coords.source_index`), constant in each kernel.
+    """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them (:func:`coordinate_rule`).
 
+    ``interpolation``, ``padding`` and ``field`` are the codes of the records' enums;
     ``forward`` marks the forward's rule (which differs from the backward's for NaN with
-    border padding, as PyTorch's); ``exact`` takes libm's remainder for reflection;
-    ``voxels`` reads a displacement in voxels instead of a normalised grid.
+    border padding, as PyTorch's); ``exact_remainder`` takes libm's remainder for
+    reflection (:func:`.coords.reflect_with_grad`). A kernel factory unpacks it into the
+    constants its kernel is compiled with; the tricubic kernels and the slab planner take
+    it as an argument.
     """
+    interpolation: int
     padding: int
     align_corners: bool
+    field: int
     forward: bool
-    exact: bool
-    voxels: bool
+    exact_remainder: bool
+
+
+def coordinate_rule(sampling: Sampling, field: FieldKind, *, forward: bool = False,
+                    exact_remainder: bool = False) -> CoordinateRule:
+    """The :class:`CoordinateRule` of ``sampling`` and ``field``, in plain Python ints and bools."""
+    return CoordinateRule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
+                          int(field), bool(forward), bool(exact_remainder))
 
 
 class Points(NamedTuple):

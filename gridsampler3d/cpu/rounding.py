@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..rounding import HALF_DTYPES, round_once as _round_once_reference
+from ..rounding import HALF_DTYPES, round_once
 from . import pool, tuning
 from .jit import Parallel, borrowed, part_kernel
 
-__all__ = ["round_once"]
+__all__ = ["round_in_parts"]
 
 
 @part_kernel
@@ -46,14 +46,15 @@ def _memory(tensor: torch.Tensor):
     return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
 
 
-def round_once(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one pass on dense tensors."""
+def round_in_parts(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`gridsampler3d.rounding.round_once`, with its round-to-odd step as one pass on dense tensors, in parts on
+    the engine's threads."""
     if values.dtype != torch.float64 or dtype not in HALF_DTYPES or values.numel() == 0:
-        return _round_once_reference(values, dtype)
+        return round_once(values, dtype)
     single = torch.empty_like(values, dtype=torch.float32)
     flat_values = _memory(values)
     if flat_values is None or single.stride() != values.stride():
-        return _round_once_reference(values, dtype)
+        return round_once(values, dtype)
     threads = pool.threads() if values.numel() >= tuning.PARALLEL_VALUES else 1
     # Runs that the threads take in turn, as a pass by rows: one thread kept off its core
     # leaves the others no more than a short run's wait.

@@ -16,11 +16,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..modes import Interpolation
 from ..rounding import ROUNDER
-from .block import borrow
-from .coords import NEAREST, REFLECTION, source_index, unnormalize
+from ..sampling import Field, FieldKind, Sampling
+from .block import borrow, row_position
+from .coords import GRID, NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
-from .records import Geometry, RowRanges
+from .records import CoordinateRule, Geometry, RowRanges
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -29,55 +31,55 @@ _MONOTONIC_LIMIT = 2.0**20
 
 
 @helper
-def _lowest_depths(grid, first, step, count, depth, nearest, rule, lowest):
+def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
-    ``rule`` is (padding, align_corners, voxels, origin).
+    ``rule`` (:class:`.records.CoordinateRule`) without the exact remainder; ``origin`` the
+    points' depth, from which a displacement is measured.
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
     which is not taken here: their entries are not to be used.
     """
-    padding, align_corners, voxels, origin = rule
     unresolved = 0
     for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, padding, align_corners, False, False, voxels,
-                                   origin)
+        iz, _, done = source_index(float(grid[first + i * step]), depth, rule.padding, rule.align_corners, False, False,
+                                   rule.field, origin)
         unresolved += 1 - done
-        low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
+        low = (iz + ROUNDER) - ROUNDER if rule.interpolation == NEAREST else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
     return unresolved
 
 
 @helper
-def _lowest_depth(value, depth, nearest, padding, align_corners, voxels, origin):
+def _lowest_depth(value, depth, rule, origin):
     """The lowest depth of the taps of one point whose z grid value (or displacement) is ``value``.
 
     For zeros and border padding, where the remainder of reflection plays no part.
     """
-    iz, _, _ = source_index(value, depth, padding, align_corners, False, False, voxels, origin)
-    low = (iz + ROUNDER) - ROUNDER if nearest else np.floor(iz)
+    iz, _, _ = source_index(value, depth, rule.padding, rule.align_corners, False, False, rule.field, origin)
+    low = (iz + ROUNDER) - ROUNDER if rule.interpolation == NEAREST else np.floor(iz)
     return np.int64(min(max(low, -2.0), float(depth)))
 
 
 @helper
-def _unfolded(smallest, largest, depth, align_corners, voxels, origin):
+def _unfolded(smallest, largest, depth, rule, origin):
     """Whether z values in [smallest, largest] all map inside reflection's first span, where it folds nothing.
 
     There reflection (then the clip) is non-decreasing in the z value, so a row's range of
     lowest depths follows from its extreme z values, as for zeros and border padding.
     """
-    low, _ = unnormalize(smallest, depth, align_corners, voxels, origin)
-    high, _ = unnormalize(largest, depth, align_corners, voxels, origin)
-    if align_corners:
+    low, _ = unnormalize(smallest, depth, rule.align_corners, rule.field, origin)
+    high, _ = unnormalize(largest, depth, rule.align_corners, rule.field, origin)
+    if rule.align_corners:
         return low >= 0.0 and high <= depth - 1.0
     return low >= -0.5 and high <= depth - 0.5
 
 
 @part_kernel
-def _depth_ranges(grid_operand, geometry, modes, sampling, rows, parts, part):
+def _depth_ranges(grid_operand, geometry, rule, visits, rows, parts, part):
     """Per row r: the least and greatest lowest-tap depth of its points, into ``rows`` (:class:`.records.RowRanges`).
 
-    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h. ``modes`` is (interpolation,
-    padding, align_corners, voxels); ``sampling`` is (row_step, every_row): every
+    Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h. ``rule`` is the call's
+    :class:`.records.CoordinateRule`; ``visits`` is (row_step, every_row): every
     ``row_step``-th row is visited point by point; with ``every_row`` the others get
     their range too, from the least and greatest z value alone (a plain scan) where the
     lowest depth grows with the z value: for zeros and border padding, and for reflection
@@ -85,36 +87,34 @@ def _depth_ranges(grid_operand, geometry, modes, sampling, rows, parts, part):
     not visited are left as they are. A row with a reflection past two spans of the volume
     gets every plane as its range (-2 to D): libm's exact remainder is not taken here (its
     code beside the vectorised loop slows that loop), and a wider range only makes fewer
-    rows skipped. With ``voxels`` the grid is a displacement, strides as for the kernels
+    rows skipped. For a displacement (``rule.field``) the grid is the displacement, strides as for the kernels
     (:func:`.forward.forward_kernel`): its dz component comes first. This is part
     ``part`` of ``parts``, equal runs of the visited rows.
     """
     grid = borrow(grid_operand)
     # The records, given as plain tuples (:func:`.records.unnamed`), named again.
     geometry, ranges = Geometry(*geometry), RowRanges(borrowed(rows[0]), borrowed(rows[1]))
+    rule = CoordinateRule(*rule)
     out_depth, out_height, _ = geometry.out_sizes
-    row_step, every_row = sampling
+    row_step, every_row = visits
     stride = 1 if every_row else row_step
     visited = (geometry.batch * out_depth * out_height + stride - 1) // stride
     lowest = np.empty(BLOCK, np.int64)
     for visit in range(part * visited // parts, (part + 1) * visited // parts):
         row = visit * stride
-        n = row // (out_depth * out_height)
-        d = (row // out_height) % out_depth
-        h = row % out_height
+        n, d, h = row_position(row, geometry.out_sizes)
         first_point = n * grid.strides[0] + d * grid.strides[1] + h * grid.strides[2]
-        if not modes[3]:
+        if rule.field == GRID:  # a grid's z is its third component; a displacement's dz its first
             first_point += 2 * grid.strides[4]
-        if row % row_step != 0 and _range_from_extremes(grid, first_point, geometry, modes, float(d), row, ranges):
+        if row % row_step != 0 and _range_from_extremes(grid, first_point, geometry, rule, float(d), row, ranges):
             continue
-        _range_point_by_point(grid, first_point, geometry, modes, float(d), row, ranges, lowest)
+        _range_point_by_point(grid, first_point, geometry, rule, float(d), row, ranges, lowest)
 
 
 @helper
-def _range_from_extremes(grid, first_point, geometry, modes, origin, row, ranges):
+def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges):
     """A row's range from its extreme z values; False (nothing set) where one is NaN, infinite or huge (where the
     index rules stop being monotonic) or reflection folds the row."""
-    interpolation, padding, align_corners, voxels = modes
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
     smallest, largest = np.inf, -np.inf
     usable = 1
@@ -123,26 +123,24 @@ def _range_from_extremes(grid, first_point, geometry, modes, origin, row, ranges
         usable &= abs(value) < _MONOTONIC_LIMIT
         smallest = value if value < smallest else smallest
         largest = value if value > largest else largest
-    if usable and padding == REFLECTION:
-        usable = 1 if _unfolded(smallest, largest, depth, align_corners, voxels, origin) else 0
+    if usable and rule.padding == REFLECTION:
+        usable = 1 if _unfolded(smallest, largest, depth, rule, origin) else 0
     if not usable:
         return False
-    nearest = interpolation == NEAREST
-    ranges.first[row] = _lowest_depth(smallest, depth, nearest, padding, align_corners, voxels, origin)
-    ranges.last[row] = _lowest_depth(largest, depth, nearest, padding, align_corners, voxels, origin)
+    ranges.first[row] = _lowest_depth(smallest, depth, rule, origin)
+    ranges.last[row] = _lowest_depth(largest, depth, rule, origin)
     return True
 
 
 @helper
-def _range_point_by_point(grid, first_point, geometry, modes, origin, row, ranges, lowest):
+def _range_point_by_point(grid, first_point, geometry, rule, origin, row, ranges, lowest):
     """A row's range from each point's lowest depth (every plane where a point needs the exact remainder)."""
-    interpolation, padding, align_corners, voxels = modes
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
     least, most = np.int64(2**62), -np.int64(2**62)
     for start in range(0, out_width, BLOCK):
         count = min(BLOCK, out_width - start)
-        if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth,
-                          interpolation == NEAREST, (padding, align_corners, voxels, origin), lowest):
+        if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule,
+                          origin, lowest):
             least = min(least, -2)
             most = max(most, depth)
             continue
@@ -153,12 +151,12 @@ def _range_point_by_point(grid, first_point, geometry, modes, origin, row, range
     ranges.last[row] = most
 
 
-#: ``depth_ranges(grid, geometry, modes, sampling, rows, parts)``: :func:`_depth_ranges` with its visited rows in
+#: ``depth_ranges(grid, geometry, rule, visits, rows, parts)``: :func:`_depth_ranges` with its visited rows in
 #: ``parts`` equal runs, run at once.
 depth_ranges = Parallel(_depth_ranges)
 
 
-def looks_coherent(field, voxels: bool, depth: int, nearest: bool, align_corners: bool, row_step: int) -> bool:
+def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int) -> bool:
     """Whether neighbouring points mostly share their depth: a smooth grid (or displacement), not a random one.
 
     Judged from every ``row_step``-th row, in torch, with no kernel to compile: at most one
@@ -167,22 +165,19 @@ def looks_coherent(field, voxels: bool, depth: int, nearest: bool, align_corners
     indices to a smooth one (a clamp or a fold), and the golden's
     padded index rule took most of the verdict's time (0.4 of 0.6 ms with reflection on a
     64³ grid). The verdict decides only how the engine splits the work (fused or split
-    passes, channel groups, see :meth:`.engine.NumbaBackend._backward`); results never
+    passes, channel groups, see :mod:`.planner`); results never
     depend on it.
     """
-    out_depth, out_height = field.shape[2:4] if voxels else field.shape[1:3]
-    row = torch.arange(0, field.shape[0] * out_depth * out_height, row_step)
+    out_depth, out_height, _ = field.out_sizes
+    tensor = field.tensor
+    row = torch.arange(0, tensor.shape[0] * out_depth * out_height, row_step)
     n, d, h = row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
-    if voxels:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
-        z = field[n, 0, d, h].double() + d.double().unsqueeze(1)
+    if field.kind == FieldKind.DISPLACEMENT:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
+        index = (tensor[n, 0, d, h].double() + d.double().unsqueeze(1)).numpy()
     else:
-        z = field[n, d, h, :, 2].double()
-    if voxels:
-        index = z.numpy()
-    elif align_corners:
-        index = (z.numpy() + 1) * ((depth - 1) / 2)
-    else:
-        index = ((z.numpy() + 1) * depth - 1) / 2
+        z = tensor[n, d, h, :, 2].double().numpy()
+        index = (z + 1) * ((depth - 1) / 2) if sampling.align_corners else ((z + 1) * depth - 1) / 2
+    nearest = sampling.interpolation == Interpolation.NEAREST
     with np.errstate(invalid="ignore"):  # a non-finite index counts as no jump
         lowest = np.clip(np.rint(index) if nearest else np.floor(index), -2, depth)
     jumps = int((np.abs(np.diff(lowest, axis=1)) > 1).sum())

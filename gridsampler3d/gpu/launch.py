@@ -1,0 +1,87 @@
+"""What every launch of the GPU engine shares: the kernel modules, the kernels' constexprs, launch grids, tuning.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from ..layout import memory_format_of
+from ..sampling import Field, FieldKind, Sampling
+from . import autotune
+from .planner import GpuPlan
+
+__all__ = ["accumulator", "fusion", "interpreter_enabled", "kernels", "launch_tuned", "modes", "patch_grid",
+           "points_of", "store_dtype"]
+
+
+def interpreter_enabled() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def kernels():
+    """The kernel modules (forward, backward, bicubic), imported on first use: Triton takes a while to import and
+    is optional."""
+    from . import backward, bicubic, forward
+
+    return forward, backward, bicubic
+
+
+def accumulator(sums: str):
+    """The Triton dtype of a plan's sums ("float32" or "float64")."""
+    import triton.language as tl
+
+    return tl.float64 if sums == "float64" else tl.float32
+
+
+def store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels write an output of ``dtype`` in.
+
+    The dtype itself, except bfloat16 under the interpreter, whose float32 -> bfloat16
+    conversion truncates (a GPU rounds to nearest even): there the kernels write float32
+    and torch rounds.
+    """
+    return torch.float32 if dtype == torch.bfloat16 and interpreter_enabled() else dtype
+
+
+def fusion(dtype: torch.dtype) -> dict:
+    """Launch option: float64 keeps multiplies and adds unfused, so that its sums follow the
+    reference's (and PyTorch's) rounding; other dtypes let the compiler fuse them."""
+    return {"enable_fp_fusion": dtype != torch.float64}
+
+
+def modes(sampling: Sampling, field: FieldKind) -> dict:
+    """The kernels' constexprs of the call's records."""
+    return dict(PADDING=int(sampling.padding), ALIGN_CORNERS=sampling.align_corners,
+                VOXELS=field == FieldKind.DISPLACEMENT)
+
+
+def launch_tuned(kernel: str, plan: GpuPlan, x: torch.Tensor, launch, gather: bool = False) -> None:
+    """Launch the plan's kernel (or with ``gather`` its gather kernel) with the shape :mod:`.autotune` chose among
+    the plan's candidates for (kernel, interpolation, dtype, layout, channels, device), timed once per key where
+    the plan says the launch is tuned; else with the plan's shape."""
+    tuned, tile, candidates = ((plan.gather_tuned, plan.gather_tile, plan.gather_candidates) if gather else
+                               (plan.tuned, plan.tile, plan.candidates))
+    if not (tuned and autotune.enabled(x.device)):
+        launch(tile)
+        return
+    layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
+    # The device too: a process may drive GPUs of different kinds.
+    key = (f"{kernel} {plan.interpolation.name.lower()}", str(x.dtype).removeprefix("torch."), layout,
+           1 << max(0, x.shape[1] - 1).bit_length(), str(x.device))
+    launch(autotune.TUNER.choose(key, list(candidates), launch))
+
+
+def patch_grid(batch: int, out_sizes, tile) -> tuple[int, int]:
+    """The launch grid of a plan's patches (``coords.tile_points``)."""
+    out_depth, out_height, out_width = out_sizes
+    return (batch * -(-out_depth // tile.block_d) * -(-out_height // tile.block_h), -(-out_width // tile.block_w))
+
+
+def points_of(x, field: Field) -> int:
+    """The call's output points, N * Do * Ho * Wo."""
+    out_depth, out_height, out_width = field.out_sizes
+    return x.shape[0] * out_depth * out_height * out_width

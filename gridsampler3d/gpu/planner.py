@@ -1,0 +1,281 @@
+"""How the GPU engine runs a call: a plan made from a description of the call, before any kernel runs.
+
+:func:`make_plan` is a pure function of a :class:`GpuCall` (shapes, dtype, whether x's
+channels are adjacent in memory, the call's sampling rule and kind of field, the outputs
+asked for, the deterministic flag, the GPU's compute capability, and whether launches run
+compiled and may be tuned). It returns a frozen :class:`GpuPlan`: which kernels run, their
+launch shapes (and the shapes the tuner may try instead), how dx is summed (atomics, or
+the deterministic gather) and in which precision. The engine (:mod:`.engine`) launches
+what the plan names; ``gridsampler3d.explain`` prints it without a GPU.
+
+No decision here moves a bit that the plan does not say it moves: every launch shape the
+tuner may try gives the same results (docs/gpu.md, "Autotuning"), and the deterministic
+mode's sums run in a fixed order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from ..modes import Interpolation
+from ..sampling import FieldKind, Outputs, Sampling
+
+__all__ = ["DxMethod", "FieldPass", "GpuCall", "GpuPlan", "Stage", "Tile", "make_plan"]
+
+# Points per partial sum of a long bucket in the deterministic trilinear dx (a bucket longer
+# than this is summed in chunks of it, one lane each, then chunk by chunk).
+BUCKET_CHUNK = 256
+# Entries (point, tap) per chunk of the deterministic tricubic dx: bounds its sort's memory.
+TRICUBIC_CHUNK_ENTRIES = 1 << 26
+# Channels a program reads at once where they are adjacent in memory (channels-last).
+WIDEST_CHANNEL_BLOCK = 16
+# Under Triton's interpreter, whose cost is per program and per operation rather than per
+# lane, programs take this many times more points.
+INTERPRETED_SCALE = 8
+
+
+class Stage(enum.Enum):
+    """The pass a call runs: the forward (y) or the backward (dx and the field's gradient)."""
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class DxMethod(enum.Enum):
+    """How the backward computes dx."""
+    NONE = "none"  # not asked for
+    ATOMIC = "atomic"  # the fast mode: the backward kernel adds grad * weight into each tap with atomics
+    GATHERED = "gathered"  # deterministic: points bucketed by cell, sorted, each voxel gathers its buckets in order
+    SORTED_TAPS = "sorted taps"  # deterministic tricubic: (point, tap) entries sorted by voxel, gathered per chunk
+
+
+class FieldPass(enum.Enum):
+    """How the backward computes the field's gradient."""
+    NONE = "none"  # not asked for
+    ZEROS = "zeros"  # nearest: zero everywhere, no pass
+    WALK = "walk"  # in the backward kernel's walk over the points, a per-point sum over channels and taps
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A launch shape: ``block_d`` x ``block_h`` x ``block_w`` output points (patch kernels; the flat kernels use
+    ``block_w`` alone, as points or voxels) times ``block_c`` channels a program, on ``num_warps`` warps."""
+    block_w: int
+    block_c: int = 1
+    block_h: int = 1
+    block_d: int = 1
+    num_warps: int = 4
+
+    def __str__(self) -> str:
+        points = f"{self.block_d}x{self.block_h}x{self.block_w}" if self.block_d * self.block_h > 1 else \
+            f"{self.block_w}"
+        return f"{points} x {self.block_c} channel{'s' * (self.block_c > 1)}, {self.num_warps} warps"
+
+    def patch(self) -> dict:
+        """The patch kernels' launch keywords."""
+        return {"BLOCK_D": self.block_d, "BLOCK_H": self.block_h, "BLOCK_W": self.block_w, "BLOCK_C": self.block_c,
+                "num_warps": self.num_warps}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCall:
+    """What the GPU planner knows of a call. Sizes are (D, H, W) of the input and (Do, Ho, Wo) of the output.
+
+    ``channels_adjacent``: x's channels are adjacent in memory (channels-last, more than
+    one channel), so a program can read a tap's channel vector at once. ``interpreted``:
+    the kernels run through Triton's interpreter. ``autotune``: launches on this device may
+    be tuned (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor).
+    """
+    stage: Stage
+    batch: int
+    channels: int
+    sizes: tuple
+    out_sizes: tuple
+    dtype: str = "float32"
+    sampling: Sampling = Sampling()
+    field: FieldKind = FieldKind.GRID
+    outputs: Outputs = Outputs()
+    channels_adjacent: bool = False
+    deterministic: bool = False
+    interpreted: bool = False
+    autotune: bool = True
+    capability: tuple = (9, 0)
+
+    @property
+    def points(self) -> int:
+        return self.batch * math.prod(self.out_sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPlan:
+    """What the GPU engine runs for one call; printed, it reads as one line.
+
+    ``tile`` is the launch shape of the call's main kernel (the forward, or the backward's
+    walk over the points, which ``walk`` says runs at all); ``candidates`` the shapes (the
+    first is ``tile``) whose results are the same, which the tuner may time instead, and
+    ``tuned`` whether it does. ``dx`` and ``field_pass`` say how the backward's outputs are
+    made; the deterministic gather launches with ``gather_tile`` (among ``gather_candidates``,
+    timed where ``gather_tuned``), summing buckets longer than
+    ``chunk`` points in chunks of that many (:data:`DxMethod.GATHERED`), or sorting ``chunk``
+    points' entries at a time (:data:`DxMethod.SORTED_TAPS`). ``sums`` is the precision of
+    the main kernel's sums, ``dx_sums`` that of dx's.
+    """
+    stage: Stage
+    interpolation: Interpolation
+    tile: Tile
+    candidates: tuple = ()
+    tuned: bool = False
+    walk: bool = True
+    dx: DxMethod = DxMethod.NONE
+    field_pass: FieldPass = FieldPass.NONE
+    gather_tile: Tile | None = None
+    gather_candidates: tuple = ()
+    gather_tuned: bool = False
+    chunk: int = 0
+    sums: str = "float32"
+    dx_sums: str = "float32"
+    capability: tuple = (9, 0)
+    interpreted: bool = False
+
+    def __str__(self) -> str:
+        where = "Triton's interpreter" if self.interpreted else f"cuda sm_{self.capability[0]}{self.capability[1]}"
+        kernel = {Interpolation.BILINEAR: "trilinear", Interpolation.NEAREST: "nearest",
+                  Interpolation.BICUBIC: "tricubic"}[self.interpolation]
+        words = [f"{self.stage.value} on {where}: {kernel}"]
+        if self.walk:
+            tuned = f", tuned among {len(self.candidates)} shapes" if self.tuned else ""
+            words.append(f"programs of {self.tile}{tuned}, sums in {self.sums}")
+        if self.stage == Stage.BACKWARD:
+            words.append({FieldPass.NONE: "", FieldPass.ZEROS: "field gradient zero",
+                          FieldPass.WALK: "field gradient in the walk over points"}[self.field_pass])
+            words.append(_dx_words(self))
+        return ", ".join(word for word in words if word)
+
+
+def _dx_words(plan: GpuPlan) -> str:
+    if plan.dx == DxMethod.ATOMIC:
+        return f"dx by atomics in {plan.dx_sums}"
+    if plan.dx == DxMethod.NONE:
+        return ""
+    how = (f"points bucketed by cell (long buckets in chunks of {plan.chunk})" if plan.dx == DxMethod.GATHERED
+           else f"(point, tap) entries of {plan.chunk} points at a time")
+    tuned = f", tuned among {len(plan.gather_candidates)} shapes" if plan.gather_tuned else ""
+    return (f"dx deterministic: {how}, sorted, gathered by programs of {plan.gather_tile}{tuned}, sums in "
+            f"{plan.dx_sums} rounded once")
+
+
+def _power_of_two_above(value: int) -> int:
+    """The least power of two >= ``value`` (``triton.next_power_of_2``, without importing Triton)."""
+    return 1 << max(0, value - 1).bit_length()
+
+
+def channel_block(call: GpuCall) -> int:
+    """Channels per program step: 1 unless x's channels are adjacent in memory, where one load reads a tap's
+    channel vector (up to ``WIDEST_CHANNEL_BLOCK``)."""
+    return min(_power_of_two_above(call.channels), WIDEST_CHANNEL_BLOCK) if call.channels_adjacent else 1
+
+
+def patch_tile(call: GpuCall, elements: int, num_warps: int | None = None) -> Tile:
+    """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
+
+    NCDHW: one channel per step, lanes along points, ``elements`` points per program.
+    Channels-last: a channel vector per step, about ``elements`` elements per program.
+    Either way few enough that no thread spills (docs/gpu.md, registers). BLOCK_W follows
+    the output's width (idle lanes cost as much as busy ones); BLOCK_H, then BLOCK_D, fill
+    the rest of the patch. ``num_warps`` overrides the warps that follow from the patch's size.
+    """
+    block_c = channel_block(call)
+    points = max(16, elements // block_c) * (INTERPRETED_SCALE if call.interpreted else 1)
+    out_depth, out_height, out_width = call.out_sizes
+    block_w = min(_power_of_two_above(out_width), points)
+    block_h = min(_power_of_two_above(out_height), points // block_w)
+    block_d = min(_power_of_two_above(out_depth), points // (block_w * block_h))
+    warps = num_warps or max(1, min(4, block_d * block_h * block_w * block_c // 32))
+    return Tile(block_w, block_c, block_h, block_d, warps)
+
+
+def _patch_candidates(call: GpuCall, elements: int) -> tuple:
+    """The default patch (first) and those the tuner may try: half and twice the points, twice the warps."""
+    default = patch_tile(call, elements)
+    shapes = [default, patch_tile(call, elements // 2), patch_tile(call, elements * 2),
+              patch_tile(call, elements, num_warps=min(8, 2 * default.num_warps))]
+    return tuple(shape for index, shape in enumerate(shapes) if shape not in shapes[:index])
+
+
+def flat_tile(call: GpuCall, elements: int = 1024) -> Tile:
+    """(voxels or points) x channels per program of the flat kernels: about ``elements`` elements (scaled under the
+    interpreter, as :func:`patch_tile`)."""
+    block_c = channel_block(call)
+    scale = INTERPRETED_SCALE if call.interpreted else 1
+    return Tile(max(16, min(256 * scale, elements * scale // block_c)), block_c)
+
+
+def _sums(call: GpuCall, exact_half: bool = False) -> str:
+    """The precision of sums for the call's dtype: float64 for float64, and for half types where ``exact_half``
+    (a sum rounded to half precision once: docs/semantics.md, "Dtypes"); else float32."""
+    return "float64" if call.dtype == "float64" or (exact_half and call.dtype in ("float16", "bfloat16")) else \
+        "float32"
+
+
+def make_plan(call: GpuCall) -> GpuPlan:
+    """The plan for ``call``."""
+    if call.stage == Stage.FORWARD:
+        return _forward_plan(call)
+    return _backward_plan(call)
+
+
+def _forward_plan(call: GpuCall) -> GpuPlan:
+    interpolation = call.sampling.interpolation
+    common = dict(stage=call.stage, interpolation=interpolation, sums=_sums(call), capability=call.capability,
+                  interpreted=call.interpreted)
+    if interpolation == Interpolation.BICUBIC:
+        # 128 points, or 16 x 16 (point, channel): no spills
+        return GpuPlan(tile=flat_tile(call, 128), **common)
+    # Each output element is one lane's sum over its taps: no shape changes a result, so any may be tuned.
+    candidates = _patch_candidates(call, 128 if channel_block(call) == 1 else 512)
+    return GpuPlan(tile=candidates[0], candidates=candidates, tuned=call.autotune and len(candidates) > 1, **common)
+
+
+def _backward_plan(call: GpuCall) -> GpuPlan:
+    interpolation = call.sampling.interpolation
+    bicubic = interpolation == Interpolation.BICUBIC
+    field_pass = FieldPass.NONE
+    if call.outputs.dfield:
+        field_pass = FieldPass.ZEROS if interpolation == Interpolation.NEAREST else FieldPass.WALK
+    dx = DxMethod.NONE
+    if call.outputs.dx:
+        dx = DxMethod.ATOMIC if not call.deterministic else (DxMethod.SORTED_TAPS if bicubic else DxMethod.GATHERED)
+    common = dict(stage=call.stage, interpolation=interpolation, dx=dx, field_pass=field_pass, sums=_sums(call),
+                  dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC), capability=call.capability,
+                  interpreted=call.interpreted, walk=dx == DxMethod.ATOMIC or field_pass == FieldPass.WALK)
+    gather = _gather(call, dx)
+    if bicubic:
+        tile = flat_tile(call, 128)
+        if call.dtype == "float64":
+            tile = dataclasses.replace(tile, block_c=1)  # the grid gradient summed channel by channel: bit for bit
+        return GpuPlan(tile=tile, **gather, **common)
+    candidates = _patch_candidates(call, 128 if channel_block(call) == 1 else 256)
+    if call.dtype == "float64":
+        # the grid gradient summed channel by channel: PyTorch's order, bit for bit
+        candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_c=1) for tile in candidates))
+    # Tuned in the fast mode only, and there only where no reduction runs across the lanes
+    # of a channel vector (whose order a shape could change): the grid gradient stays the
+    # same in both modes and from run to run.
+    tuned = (call.autotune and dx == DxMethod.ATOMIC and len(candidates) > 1
+             and (field_pass != FieldPass.WALK or candidates[0].block_c == 1))
+    return GpuPlan(tile=candidates[0], candidates=candidates, tuned=tuned, **gather, **common)
+
+
+def _gather(call: GpuCall, dx: DxMethod) -> dict:
+    """The deterministic dx's gather launch: its tile and the tuner's candidates (each (voxel, channel) lane sums
+    its own bucket in order, so no shape changes a result)."""
+    if dx == DxMethod.SORTED_TAPS:
+        return {"gather_tile": flat_tile(call), "chunk": max(1, TRICUBIC_CHUNK_ENTRIES // 64)}
+    if dx != DxMethod.GATHERED:
+        return {}
+    tile = flat_tile(call, 128 if channel_block(call) == 1 else 1024)  # 128 voxels NCDHW: no spills
+    shapes = [tile, dataclasses.replace(tile, block_w=max(16, tile.block_w // 2)),
+              dataclasses.replace(tile, block_w=2 * tile.block_w), dataclasses.replace(tile, num_warps=8)]
+    candidates = tuple(dict.fromkeys(shapes))
+    return {"gather_tile": tile, "gather_candidates": candidates, "gather_tuned": call.autotune and len(candidates) > 1,
+            "chunk": BUCKET_CHUNK}

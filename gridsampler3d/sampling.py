@@ -1,0 +1,117 @@
+"""What a call samples, and how: the records made once at the API edge and handed unchanged to every engine.
+
+    Sampling(interpolation, padding, align_corners)   how a value is read at a position
+    Field(kind, tensor)                               where: the kind of field and the tensor that holds it
+    Outputs(dx, dfield)                               which gradients a backward computes
+
+A backend (:class:`.backends.Backend`) takes these records; its planner, its executors,
+its kernel factories (as their cache key: ``(sampling, field.kind)``) and its coordinate
+rules read them as they are, and each engine turns them into constants only at the last
+step, where a Numba kernel or a Triton ``constexpr`` needs scalars. A new kind of field is
+a new :class:`FieldKind`, not a new flag in every signature.
+
+The field kinds and the layout each engine sees (logical NCDHW order, any strides):
+
+    GRID          (N, Do, Ho, Wo, 3)   normalised (x, y, z) in [-1, 1] per output point
+    DISPLACEMENT  (N, 3, Do, Ho, Wo)   (dz, dy, dx) in input voxels from the output point's own
+                                       position (the fused warp: Do, Ho, Wo are the input's sizes)
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import NamedTuple
+
+import torch
+
+from .layout import memory_format_of
+from .modes import Interpolation, Padding, parse_align_corners, parse_interpolation, parse_padding
+
+__all__ = ["FieldKind", "Field", "Sampling", "Outputs"]
+
+
+class FieldKind(enum.IntEnum):
+    """What the positions of a call are given as; the values are the codes the kernels compare with."""
+
+    GRID = 0  # normalised coordinates, (N, Do, Ho, Wo, 3) as (x, y, z)
+    DISPLACEMENT = 1  # voxels from each output point's own position, (N, 3, Do, Ho, Wo) as (dz, dy, dx)
+
+    @property
+    def in_voxels(self) -> bool:
+        """Whether the positions are voxel indices (slope 1) rather than normalised coordinates."""
+        return self != FieldKind.GRID
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How a value is read at a position: interpolation, padding and ``align_corners``.
+
+    Frozen and hashable: the engines key their plans and compiled kernels on it.
+    """
+
+    interpolation: Interpolation = Interpolation.BILINEAR
+    padding: Padding = Padding.ZEROS
+    align_corners: bool = False
+
+    @classmethod
+    def parse(cls, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False) -> Sampling:
+        """The record of the API's attributes: names or aclnn codes (:mod:`.modes`), and a bool."""
+        return cls(parse_interpolation(interpolation_mode), parse_padding(padding_mode),
+                   parse_align_corners(align_corners))
+
+    def __str__(self) -> str:
+        corners = ", align_corners" if self.align_corners else ""
+        return f"{self.interpolation.name.lower()}, {self.padding.name.lower()}{corners}"
+
+
+class Outputs(NamedTuple):
+    """Which gradients a backward computes: dx, and the field's (a grid's or a displacement's)."""
+
+    dx: bool = True
+    dfield: bool = True
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Field:
+    """The positions a call samples at: their kind and the tensor that holds them, in the engines' layout.
+
+    ``tensor`` is a logical view (any strides, nothing copied): a grid (N, Do, Ho, Wo, 3) or a
+    displacement (N, 3, Do, Ho, Wo) (see the module's table). The engines read it through
+    :meth:`point_strides` and write its gradient in :meth:`gradient_format`.
+    """
+
+    kind: FieldKind
+    tensor: torch.Tensor
+
+    @classmethod
+    def grid(cls, grid: torch.Tensor) -> Field:
+        return cls(FieldKind.GRID, grid)
+
+    @classmethod
+    def displacement(cls, displacement: torch.Tensor) -> Field:
+        return cls(FieldKind.DISPLACEMENT, displacement)
+
+    @property
+    def out_sizes(self) -> tuple[int, int, int]:
+        """The output's (Do, Ho, Wo)."""
+        shape = self.tensor.shape
+        return tuple(shape[2:]) if self.kind == FieldKind.DISPLACEMENT else tuple(shape[1:4])
+
+    def point_strides(self, strides=None) -> tuple[int, ...]:
+        """The field's element strides in point order (n, d, h, w, component), components in the kind's own order.
+
+        ``strides`` default to the tensor's; given, they are another tensor's of the field's
+        shape (its gradient's, or a copy's in another dtype).
+        """
+        strides = tuple(self.tensor.stride() if strides is None else strides)
+        if self.kind == FieldKind.DISPLACEMENT:
+            return strides[0], strides[2], strides[3], strides[4], strides[1]
+        return strides
+
+    def gradient_format(self) -> torch.memory_format:
+        """The memory format of the field's gradient: a grid's is contiguous, a displacement's laid out like it."""
+        return memory_format_of(self.tensor) if self.kind == FieldKind.DISPLACEMENT else torch.contiguous_format
+
+    def with_tensor(self, tensor: torch.Tensor) -> Field:
+        """The same kind of field held in ``tensor`` (a copy in the kernels' dtype, or a detached view)."""
+        return Field(self.kind, tensor)
