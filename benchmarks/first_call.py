@@ -11,7 +11,7 @@ start = time.perf_counter()
 import torch  # noqa: E402
 
 import gridsampler3d as gs  # noqa: E402
-from gridsampler3d import cases  # noqa: E402
+from gridsampler3d import inputs  # noqa: E402
 
 imported = time.perf_counter()
 x = torch.randn(1, 2, 16, 16, 16)
@@ -21,7 +21,7 @@ if "--warp" in sys.argv[1:]:
     forward = time.perf_counter()
     gs.warp3d_backward(torch.ones_like(y), x, displacement, backend="numba")
 else:
-    grid = cases.warp_grid(1, 16)
+    grid = inputs.warp_grid(1, 16)
     y = gs.grid_sampler3d(x, grid, backend="numba")
     forward = time.perf_counter()
     gs.grid_sampler3d_backward(torch.ones_like(y), x, grid, backend="numba")

@@ -37,7 +37,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gridsampler3d as gs  # noqa: E402
-from gridsampler3d import check, precision  # noqa: E402
+from gridsampler3d import precision  # noqa: E402
+from gridsampler3d.commands import check  # noqa: E402
+from gridsampler3d.validate import DTYPES  # noqa: E402
 from gridsampler3d.bench.runner import machine_info, plumbed_warp  # noqa: E402
 from gridsampler3d.bench.suite import BenchCase, build_inputs  # noqa: E402
 from gridsampler3d.modes import parse_interpolation, parse_padding  # noqa: E402
@@ -267,19 +269,19 @@ def phase_correctness(run: Run, reserve: float) -> None:
     """The check's matrix, float32 first, both modes, until ``reserve`` seconds are left."""
     result = run.report.setdefault("correctness", {"checked": 0, "failures": [], "cases": 0})
     grad64, x64, grid64 = check._random_case()
-    order = ("f32", "bf16", "f16", "f64")
+    order = ("float32", "bfloat16", "float16", "float64")
     cases = list(itertools.product(order, check.MODES, check.PADDINGS, check.ALIGN_CORNERS, check.LAYOUTS))
     for dtype_name, mode, padding, align_corners, layout in cases:
         if run.left() < reserve:
             log(f"correctness: budget spent after {result['cases']}/{len(cases)} cases")
             break
-        operands = check._in_layout(grad64, x64, grid64, check.DTYPES[dtype_name], layout)
+        operands = check._in_layout(grad64, x64, grid64, DTYPES[dtype_name], layout)
         expected = check._expected(*operands, mode, padding, align_corners, layout)
         for deterministic in (False, True):
             label = f"{mode}/{padding}/ac={align_corners} {dtype_name} {layout} {'det' if deterministic else 'fast'}"
             try:
                 ours = check._ours("triton", DEVICE, *operands, mode, padding, align_corners, layout, deterministic)
-                _, failures = check._judge(ours, expected, check.DTYPES[dtype_name], torch.device(DEVICE))
+                _, failures = check._judge(ours, expected, DTYPES[dtype_name], torch.device(DEVICE))
             except Exception as error:
                 failures = [f"{type(error).__name__}: {error}".splitlines()[0]]
             result["checked"] += 1

@@ -27,14 +27,11 @@ import torch
 
 from . import precision
 from .modes import parse_align_corners, parse_data_format, parse_interpolation, parse_padding
-from .validate import check_backward
+from .validate import DTYPES, check_backward
 
-__all__ = ["DTYPES", "CASE_SET", "CaseSpec", "Case", "CaseFileError", "dtype_name", "case_set", "case_operands",
+__all__ = ["CASE_SET", "CaseSpec", "Case", "CaseFileError", "dtype_name", "case_set", "case_operands",
            "write_case", "write_cases", "write_array", "read_array", "read_case", "make_case", "case_from_npy"]
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
-"""The case set's dtypes by the names that case.json and the folder names use."""
 INPUTS = ("grad", "input", "grid")
 # A uniform grid reaches this far past [-1, 1] on every side, so that every padding rule acts.
 GRID_BOUND = 1.2

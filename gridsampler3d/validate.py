@@ -12,9 +12,11 @@ import torch
 from .modes import DataFormat, DisplacementFormat
 
 __all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_deterministic",
-           "FLOAT_DTYPES"]
+           "DTYPES", "FLOAT_DTYPES"]
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: The dtypes the operator takes, by the names the golden kit's files, the commands and the tables use.
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+FLOAT_DTYPES = tuple(DTYPES.values())
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from gridsampler3d.backends import BACKENDS
-from gridsampler3d.check import run_check
+from gridsampler3d.commands.check import run_check
 from gridsampler3d.cli import main
 
 BACKENDS_HERE = ["reference", "numba"]
@@ -15,7 +15,7 @@ def test_quick_check_passes_on_cpu():
     # 3 modes x 3 paddings x 2 align_corners x 2 dtypes x 2 layouts per backend
     assert len(rows) == 2 * 72
     assert {row["backend"] for row in rows} == set(BACKENDS_HERE)
-    assert {row["dtype"] for row in rows} == {"f32", "f64"}
+    assert {row["dtype"] for row in rows} == {"float32", "float64"}
     failed = [row for row in rows if not row["passed"]]
     assert not failed, failed[:3]
     assert all(set(row["worst_ratio"]) == {"y", "dx", "dgrid"} for row in rows)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import cases
+from gridsampler3d import inputs
 from gridsampler3d.rounding import round_once
 from gridsampler3d import precision
 from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
@@ -72,7 +72,7 @@ def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format,
     """
     grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:
-        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
+        grid = inputs.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
     assert looks_coherent(Field.grid(grid), 9, Sampling.parse(mode), 1) == smooth
     results = []
     for count in (1, 2, 3):
@@ -88,7 +88,7 @@ def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format,
 def test_a_far_reflection_in_a_smooth_grid_reruns_every_part_exactly(mode, threads):
     """Side by side, the grid gradient's and dx's parts flag far reflections each; the rerun is exact."""
     grad, x, _ = make_case(2, 3, (5, 4, 6), (3, 4, 5), torch.float64)
-    grid = cases.warp_grid(2, (3, 4, 5), magnitude=0.1, dtype=torch.float64)
+    grid = inputs.warp_grid(2, (3, 4, 5), magnitude=0.1, dtype=torch.float64)
     grid[1, 2, 3, 4, 0] = 7.5  # past two spans: libm's remainder
     grid[0, 0, 1, 2, 2] = -float("inf")
     assert looks_coherent(Field.grid(grid), 5, Sampling.parse(mode), 1)
@@ -171,7 +171,7 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
     grad, x, grid = make_case(1, 5, (6, 7, 8), (4, 6, 20), torch.float64, low=-1.1 if smooth else -1.2,
                               high=1.1 if smooth else 1.2)
     if smooth:
-        grid = cases.random_affine_grid(1, (4, 6, 20), seed=5, dtype=torch.float64)
+        grid = inputs.random_affine_grid(1, (4, 6, 20), seed=5, dtype=torch.float64)
     else:
         grad, x, grid = _with_nonfinite(grad, x, grid)
         grid[0, 2, 3, 4, 0] = 7.5  # past two spans: the exact kernel runs too
@@ -230,7 +230,7 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
     from gridsampler3d.cpu import transpose, tuning
 
     grad, x, _ = make_case(2, channels, (6, 7, 9), (5, 6, 11), torch.float64)
-    grid = cases.warp_grid(2, (5, 6, 11), magnitude=0.2, dtype=torch.float64)
+    grid = inputs.warp_grid(2, (5, 6, 11), magnitude=0.2, dtype=torch.float64)
     generator = torch.Generator().manual_seed(2)
     # The warp's output has the volume's sizes; a smooth displacement of a third of a voxel
     displacement = torch.randn(2, 3, 6, 7, 9, generator=generator, dtype=torch.float64) / 3
@@ -523,11 +523,11 @@ def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
 def test_smooth_and_random_grids_are_told_apart():
     """A smooth grid fuses dx and dgrid (or runs them side by side); a random one takes a pass each (both verdicts)."""
     verdicts = []
-    for grid in (cases.warp_grid(1, 32), cases.uniform_grid(1, 32)):
+    for grid in (inputs.warp_grid(1, 32), inputs.uniform_grid(1, 32)):
         for row_step in (1, 3):  # every row, and every third
             verdicts.append(looks_coherent(Field.grid(grid), 32, Sampling(), row_step))
     # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
-    smooth = cases.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
+    smooth = inputs.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
     scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8
     verdicts += [looks_coherent(Field.displacement(field), 32, Sampling.parse("nearest", "zeros", True), 1) for field in (smooth, scattered)]
     assert verdicts == [True, True, False, False, True, False]

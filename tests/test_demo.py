@@ -4,7 +4,7 @@ import json
 import pytest
 
 from gridsampler3d.cli import main
-from gridsampler3d.demo import run_demo
+from gridsampler3d.commands.demo import run_demo
 
 pytest.importorskip("matplotlib")
 

@@ -12,7 +12,8 @@ import torch
 import gridsampler3d as gs
 from gridsampler3d import golden_kit, precision, reference
 from gridsampler3d.cli import build_parser, main
-from gridsampler3d.golden_kit import CASE_SET, DTYPES, read_array, read_case, write_array
+from gridsampler3d.golden_kit import CASE_SET, read_array, read_case, write_array
+from gridsampler3d.validate import DTYPES
 from gridsampler3d.modes import Interpolation, Padding
 
 REPOSITORY = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import cases
+from gridsampler3d import inputs
 from gridsampler3d.bench.suite import SUITE, WARP_SUITE, build_inputs
 from gridsampler3d.cpu import executors, tuning
 from gridsampler3d.cpu.planner import Call, DxPass, GridPass, Stage, Strategy, facts_needed, make_plan
@@ -191,7 +191,7 @@ def test_explain_shows_the_plan_the_engine_runs(case, monkeypatch, threads):
 
 
 def test_explain_refuses_what_it_cannot_plan():
-    x, grid = torch.zeros(1, 1, 4, 4, 4), cases.warp_grid(1, 4)
+    x, grid = torch.zeros(1, 1, 4, 4, 4), inputs.warp_grid(1, 4)
     with pytest.raises(ValueError, match="grid"):
         gs.explain(x, grid[..., :2])
     with pytest.raises(ValueError, match="mode"):
@@ -222,7 +222,7 @@ def test_grad_is_finite_exactly_when_every_element_is(dtype, size):
 
 def test_a_plan_kept_for_a_call_follows_a_change_of_tuning(monkeypatch):
     """The engine keeps each call's plan for the next like it; a changed tuning constant plans afresh."""
-    x, grid = torch.zeros(1, 2, 8, 8, 8), cases.warp_grid(1, 8)
+    x, grid = torch.zeros(1, 2, 8, 8, 8), inputs.warp_grid(1, 8)
     grad = torch.zeros(1, 2, 8, 8, 8)
     assert gs.explain(x, grid, grad).strategy == Strategy.SERIAL
     monkeypatch.setattr(tuning, "PARALLEL_VALUES", 1)

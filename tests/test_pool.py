@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import cases
+from gridsampler3d import inputs
 from gridsampler3d.cpu import pool
 from gridsampler3d.cpu.slabs import looks_coherent
 from gridsampler3d.sampling import Field, Sampling
@@ -169,7 +169,7 @@ def test_team_and_workers_give_the_same_bits(route, threads, count, mode, smooth
     """
     grad, x, grid = make_case(2, 6, (9, 8, 7), (6, 7, 8), dtype, data_format=data_format)
     if smooth:  # the grid gradient's parts beside dx's
-        grid = cases.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
+        grid = inputs.warp_grid(2, (6, 7, 8), magnitude=0.1, dtype=dtype)
         assert looks_coherent(Field.grid(grid), 9, Sampling(), 1)
     threads(count)
 

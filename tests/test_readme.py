@@ -144,10 +144,10 @@ def test_readme_layout_names_every_module():
     for module in sorted(PACKAGE.glob("*.py")):
         if module.name != "__init__.py":
             assert module.name in entries, f"README's layout omits gridsampler3d/{module.name}"
-    for engine in ("cpu", "gpu"):
-        for module in sorted((PACKAGE / engine).glob("*.py")):
+    for folder in ("cpu", "gpu", "commands"):
+        for module in sorted((PACKAGE / folder).glob("*.py")):
             if module.name != "__init__.py":
-                assert module.stem in entries[f"{engine}/"], f"README's layout omits {engine}/{module.name}"
+                assert module.stem in entries[f"{folder}/"], f"README's layout omits {folder}/{module.name}"
 
 
 @pytest.mark.parametrize("engine", ["cpu", "gpu"])

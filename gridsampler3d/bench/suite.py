@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import cases
+from .. import inputs
 
 __all__ = ["BenchCase", "SUITE", "WARP_SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs"]
 
@@ -100,19 +100,19 @@ def _scaled(size, scale: float) -> tuple:
 
 def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
-        field = cases.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
+        field = inputs.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
                                           dtype=torch.float64)
         return field.permute(0, 4, 1, 2, 3).contiguous()
     if case.grid_kind == "warp":
-        return cases.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)
+        return inputs.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)
     if case.grid_kind == "affine":
-        return cases.random_affine_grid(case.batch, out_size, seed=2, align_corners=case.align_corners)
+        return inputs.random_affine_grid(case.batch, out_size, seed=2, align_corners=case.align_corners)
     if case.grid_kind == "uniform":
-        return cases.uniform_grid(case.batch, out_size, -1.1, 1.1, seed=3)
+        return inputs.uniform_grid(case.batch, out_size, -1.1, 1.1, seed=3)
     if case.grid_kind == "wide":
-        return cases.uniform_grid(case.batch, out_size, -3.0, 3.0, seed=4)
+        return inputs.uniform_grid(case.batch, out_size, -3.0, 3.0, seed=4)
     if case.grid_kind == "identity":
-        return cases.identity_grid(case.batch, out_size, case.align_corners)
+        return inputs.identity_grid(case.batch, out_size, case.align_corners)
     raise ValueError(f"unknown grid kind {case.grid_kind!r}")
 
 

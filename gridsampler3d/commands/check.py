@@ -11,28 +11,30 @@ checked in both backward modes, fast (atomics) and deterministic, as ``triton/fa
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import time
 
 import torch
 
-from . import api, precision
-from .backends import BACKENDS
+from .. import api, precision
+from ..backends import BACKENDS
+from ..validate import DTYPES
+from .arguments import CliError, require_device
 
-__all__ = ["run_check", "format_row", "HEADER"]
+__all__ = ["add_command", "run_check", "format_row", "HEADER"]
 
 MODES = ("bilinear", "nearest", "bicubic")
 PADDINGS = ("zeros", "border", "reflection")
 ALIGN_CORNERS = (False, True)
-DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
-QUICK_DTYPES = ("f32", "f64")
+QUICK_DTYPES = ("float32", "float64")
 LAYOUTS = ("NCDHW", "NDHWC")
 OUTPUTS = ("y", "dx", "dgrid")
 
 # Small odd sizes, a grid reaching past the volume so that every padding rule is exercised.
 BATCH, CHANNELS, INPUT_SIZE, OUTPUT_SIZE, GRID_BOUND = 2, 3, (5, 6, 7), (4, 5, 3), 1.2
 
-HEADER = (f"{'backend':<11} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<5} {'layout':<6} "
+HEADER = (f"{'backend':<11} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<8} {'layout':<6} "
           f"{'y':>7} {'dx':>7} {'dgrid':>7}  result")
 
 
@@ -141,7 +143,7 @@ def format_row(row: dict) -> str:
     if row["error"]:
         result += f"  {row['error']}"
     return (f"{row['backend']:<11} {row['mode']:<9} {row['padding']:<11} {str(row['align_corners']):<6} "
-            f"{row['dtype']:<5} {row['layout']:<6} {' '.join(cells)}  {result}")
+            f"{row['dtype']:<8} {row['layout']:<6} {' '.join(cells)}  {result}")
 
 
 def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=print) -> list[dict]:
@@ -202,3 +204,23 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
     echo(f"{'FAILED' if failed else 'PASSED'}: {len(rows) - len(failed)}/{len(rows)} cases passed on {device} "
          f"(backends: {', '.join(names)}; dtypes: {', '.join(dtype_names)}) in {time.perf_counter() - start:.1f} s")
     return rows
+
+
+def add_command(commands) -> None:
+    """Add ``check`` to the command line's subcommands."""
+    check = commands.add_parser("check", help="verify every backend against PyTorch across the mode matrix")
+    check.add_argument("--device", default="cpu", help="cpu or cuda")
+    check.add_argument("--backends", help="comma-separated backend names (default: all that run on the device)")
+    check.add_argument("--quick", action="store_true", help="float32 and float64 only")
+    check.set_defaults(handler=_check)
+
+
+
+def _check(args: argparse.Namespace) -> int:
+    require_device(args.device)
+    names = None if args.backends is None else [name.strip() for name in args.backends.split(",") if name.strip()]
+    try:
+        rows = run_check(device=args.device, backends=names, quick=args.quick)
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    return 0 if all(row["passed"] for row in rows) else 1

@@ -1,6 +1,6 @@
 """The ``demo`` command: deformable registration of a phantom, every step through this library.
 
-A fixed phantom (``cases.phantom``, lightly smoothed) is warped by a known smooth random
+A fixed phantom (``inputs.phantom``, lightly smoothed) is warped by a known smooth random
 deformation into the moving image. Adam then recovers a displacement field that warps the
 moving image back onto the fixed one, minimising
 
@@ -15,6 +15,7 @@ of the structures, warped with nearest sampling, give the Dice overlap before an
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -25,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import cases
-from .torch_ops import Warp3d
+from .. import inputs
+from ..torch_ops import Warp3d
+from .arguments import CliError, require_device
 
 __all__ = ["run_demo", "dice_scores", "normalised_cross_correlation"]
 
@@ -178,7 +180,7 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
     device = torch.device(device)
     start = time.perf_counter()
 
-    volume, labels = cases.phantom(size)
+    volume, labels = inputs.phantom(size)
     fixed = _gaussian_smooth(torch.from_numpy(volume)[None, None], SMOOTHING_SIGMA).to(device)
     fixed_labels = torch.from_numpy(labels).float()[None, None].to(device)
     label_ids = [int(label) for label in np.unique(labels) if label > 0]
@@ -247,3 +249,33 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
         echo(f"{f'  label {label}':12} {before:8.4f} {after:8.4f}")
     echo(f"{summary['seconds']:.1f} s; wrote {', '.join(summary['files'].values())}")
     return summary
+
+
+def add_command(commands) -> None:
+    """Add ``demo`` to the command line's subcommands."""
+    demo = commands.add_parser("demo", help="register a warped phantom through this library; figures and Dice")
+    demo.add_argument("--size", type=int, default=48, help="edge of the phantom volume (default 48)")
+    demo.add_argument("--steps", type=int, default=100, help="Adam steps (default 100)")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the known random deformation (default 0)")
+    demo.add_argument("--out", default="out/demo", help="folder for the PNGs and summary.json (default out/demo)")
+    demo.set_defaults(handler=_demo)
+
+
+
+def _demo(args: argparse.Namespace) -> int:
+    require_device(args.device)
+    if args.size < 8:
+        raise CliError(f"--size must be at least 8; got {args.size}")
+    if args.steps < 1:
+        raise CliError(f"--steps must be at least 1; got {args.steps}")
+    if args.device == "cpu":
+        print("a first run compiles the CPU kernels once (cached on disk), about a minute",
+              file=sys.stderr, flush=True)
+    try:
+        run_demo(size=args.size, steps=args.steps, device=args.device, out=args.out, seed=args.seed)
+    except OSError as error:
+        raise CliError(f"--out: cannot write to {args.out} ({error})") from None
+    except (ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    return 0

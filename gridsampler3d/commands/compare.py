@@ -1,4 +1,4 @@
-"""The verdict on another implementation's dx and dgrid for one case (the ``compare`` command).
+"""The ``compare`` command: the verdict on another implementation's dx and dgrid for one case.
 
 Each output given is shaped like x (dx, in the case's data format) or like the grid (dgrid),
 in the case's dtype. The precision rule of :mod:`gridsampler3d.precision` judges it: its
@@ -8,13 +8,19 @@ where the golden rounded to the dtype has them.
 """
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import torch
 
-from . import precision
-from .golden_kit import Case, dtype_name
-from .rounding import HALF_DTYPES
+from .. import golden_kit, precision
+from ..golden_kit import Case, dtype_name
+from ..rounding import HALF_DTYPES
+from ..validate import DTYPES
+from .arguments import CliError, add_attributes, mode_value
 
-__all__ = ["OUTPUTS", "judge", "passed", "format_report", "to_json"]
+__all__ = ["OUTPUTS", "add_command", "judge", "passed", "format_report", "to_json"]
 
 OUTPUTS = ("dx", "dgrid")
 METRICS = ("mare", "mere", "rmse")
@@ -102,3 +108,70 @@ def to_json(reports: dict) -> dict:
         outputs[name] = {**_metrics(report.ours), "competitor": _metrics(report.competitor), "limits": limits,
                          "pass": report.passed}
     return {"verdict": "pass" if passed(reports) else "fail", "outputs": outputs}
+
+
+def add_command(commands) -> None:
+    """Add ``compare`` to the command line's subcommands."""
+    compare = commands.add_parser(
+        "compare", help="judge another implementation's dx and dgrid by the precision rule: "
+                        "exit 0 pass, 1 fail, 2 unusable input",
+        description="Judge dx and dgrid against the float64 golden: MARE, MERE and RMSE at most 2, 1.2 and "
+                    "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
+                    "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes from --case, or from --grad, --input and --grid (.npy) with "
+                    "the attribute flags. Exit 0: every output given passes; 1: one fails; 2: unusable input.")
+    compare.add_argument("--case", metavar="DIR", help="a case folder written by `gridsampler3d cases` (inputs, attributes, dtype)")
+    compare.add_argument("--grad", help="instead of --case: dL/dy, .npy (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C)")
+    compare.add_argument("--input", help="instead of --case: x, .npy (N, C, Di, Hi, Wi) or (N, Di, Hi, Wi, C)")
+    compare.add_argument("--grid", help="instead of --case: the grid, .npy (N, Do, Ho, Wo, 3)")
+    add_attributes(compare, defaults=False, backend=False)
+    compare.add_argument("--dtype", metavar="DTYPE", help="without --case: float16, bfloat16, float32 or float64 (default: the "
+                                         "--input file's); .npy inputs of another dtype must hold its values exactly")
+    compare.add_argument("--dx", metavar="FILE", help="dx to judge: .npy, or raw little-endian .bin, in the case's dtype, "
+                                      "shaped like x")
+    compare.add_argument("--dgrid", metavar="FILE", help="dgrid to judge: .npy or .bin, in the case's dtype, shaped like the grid")
+    compare.add_argument("--json", metavar="PATH", help="also write the verdict and the metrics here as JSON")
+    compare.set_defaults(handler=_compare)
+
+
+
+def _compare_case(args: argparse.Namespace):
+    """The case to judge: a case folder, or three .npy files with the attribute flags."""
+    inputs = {"--grad": args.grad, "--input": args.input, "--grid": args.grid}
+    attributes = {"--interpolation-mode": args.interpolation_mode, "--padding-mode": args.padding_mode,
+                  "--align-corners": args.align_corners, "--data-format": args.data_format, "--dtype": args.dtype}
+    if args.case is not None:
+        clashing = [flag for flag, value in {**inputs, **attributes}.items() if value is not None]
+        if clashing:
+            raise CliError(f"--case gives the inputs, the attributes and the dtype; drop {', '.join(clashing)}")
+        return golden_kit.read_case(args.case)
+    missing = [flag for flag, path in inputs.items() if path is None]
+    if missing:
+        raise CliError(f"give --case, or --grad, --input and --grid; missing {', '.join(missing)}")
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise CliError(f"--dtype must be one of {', '.join(DTYPES)}; got {args.dtype!r}")
+    return golden_kit.case_from_npy(
+        args.grad, args.input, args.grid, dtype=DTYPES.get(args.dtype),
+        interpolation_mode=mode_value(args.interpolation_mode or "bilinear"),
+        padding_mode=mode_value(args.padding_mode or "zeros"), align_corners=bool(args.align_corners),
+        data_format=args.data_format or "NCDHW")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    if args.dx is None and args.dgrid is None:
+        raise CliError("nothing to judge: give --dx, --dgrid or both")
+    try:
+        case = _compare_case(args)
+        likes = {"dx": case.input, "dgrid": case.grid}
+        outputs = {name: golden_kit.read_array(path, label=f"--{name}", dtype=case.dtype, shape=likes[name].shape)
+                   for name, path in (("dx", args.dx), ("dgrid", args.dgrid)) if path is not None}
+        reports = judge(case, **outputs)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise CliError(str(error)) from None
+    print(format_report(case, reports))
+    if args.json:
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(to_json(reports), indent=2) + "\n")
+        except OSError as error:
+            raise CliError(f"--json: cannot write {args.json} ({error})") from None
+    return 0 if passed(reports) else 1

@@ -1,0 +1,61 @@
+"""What the commands share: the error they report, the attribute flags, reading arrays, checking a device."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+__all__ = ["CliError", "add_attributes", "load_array", "mode_value", "require_device"]
+
+
+class CliError(Exception):
+    """A user error reported as one line on stderr with exit code 2."""
+
+
+def add_attributes(parser: argparse.ArgumentParser, *, defaults: bool = True, backend: bool = True) -> None:
+    """The backward's attribute flags. Without ``defaults`` a flag not given reads None, so that
+    ``compare`` can tell it from a case folder's; it fills in the same defaults itself."""
+    def default(value):
+        return value if defaults else None
+
+    parser.add_argument("--interpolation-mode", default=default("bilinear"),
+                        help="bilinear (0), nearest (1) or bicubic (2, tricubic); default bilinear")
+    parser.add_argument("--padding-mode", default=default("zeros"),
+                        help="zeros (0), border (1) or reflection (2)")
+    parser.add_argument("--align-corners", action="store_true", default=default(False),
+                        help="treat -1/1 as corner voxel centres")
+    parser.add_argument("--data-format", default=default("NCDHW"), help="NCDHW or NDHWC for grad, input and dx")
+    if backend:
+        parser.add_argument("--backend", default="auto", help="auto, reference, ... (see `gridsampler3d backends`)")
+
+
+def mode_value(value: str):
+    """Accept an integer code given on the command line as a string ("1")."""
+    return int(value) if value.strip().lstrip("-").isdigit() else value
+
+
+def load_array(path: str, name: str) -> np.ndarray:
+    """The array in the .npy file ``path`` given as ``--name``, or a :class:`CliError` that says why not."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise CliError(f"--{name}: no such file: {path}") from None
+    except (OSError, ValueError) as error:
+        raise CliError(f"--{name}: {path} is not a readable .npy array ({error})") from None
+    if not isinstance(array, np.ndarray):
+        raise CliError(f"--{name}: {path} holds an archive, not a single .npy array")
+    return array
+
+
+def require_device(device: str) -> None:
+    """A :class:`CliError` unless ``device`` names the CPU or an available CUDA device."""
+    import torch
+
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError:
+        device_type = None
+    if device_type not in ("cpu", "cuda"):
+        raise CliError(f"--device must be cpu or cuda (cuda:N); got {device!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise CliError(f"--device {device}: no CUDA device is available here")
