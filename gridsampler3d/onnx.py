@@ -16,20 +16,16 @@ export traces, with ``torch.onnx.OnnxExporterError``: tricubic sampling, and an 
 
 Outside an export the whole cost is :func:`exporting`'s first test, two flag reads.
 torch has no public way to tell the traced model that torch.export's strict capture is
-working for ``torch.onnx.export``, nor which opset the export writes: the reads of the
-exporters' own state are kept in :func:`_onnx_export_in_progress` and
-:func:`_requested_opset`, each with a fallback, and tests/test_onnx.py fails if torch
-moves them.
+working for ``torch.onnx.export``, nor which opset the export writes: those reads of the
+exporters' own state live in :mod:`.torch_hooks`, each with a fallback.
 """
 from __future__ import annotations
-
-import inspect
-import sys
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import torch_hooks
 from .modes import Interpolation, Padding
 from .sampling import Sampling
 
@@ -49,42 +45,7 @@ def exporting() -> bool:
     # torch.compile sees both flags as False.
     if not (_torch_exporting() or torch.jit.is_tracing()):
         return False
-    return _onnx_export_in_progress()
-
-
-def _onnx_export_in_progress() -> bool:
-    try:
-        from torch.onnx._internal.exporter import _flags
-        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
-    except ImportError:
-        # The public test, which torch.export's strict capture (the dynamo exporter's second
-        # try) reads as False: that capture would then meet the custom op.
-        return torch.onnx.is_in_onnx_export()
-    return _flags._is_onnx_exporting or GLOBALS.in_onnx_export
-
-
-def _requested_opset() -> int | None:
-    """The opset of the model the export under way writes, or None where torch does not say."""
-    try:
-        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
-    except ImportError:
-        return None
-    if GLOBALS.in_onnx_export:
-        return GLOBALS.export_onnx_opset_version
-    # The dynamo exporter translates at opset 18 or above, then converts the finished model to
-    # the opset asked for (asked for 16 to 19, it writes a 5-D GridSample those opsets do not
-    # define): only its entry point's argument knows that opset.
-    try:
-        from torch.onnx._internal.exporter._compat import export_compat
-    except ImportError:
-        return None
-    code = inspect.unwrap(export_compat).__code__
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is code:
-            return frame.f_locals.get("opset_version")
-        frame = frame.f_back
-    return None
+    return torch_hooks.onnx_export_in_progress()
 
 
 def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) -> None:
@@ -99,7 +60,7 @@ def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) ->
         raise torch.onnx.OnnxExporterError(
             f"gridsampler3d: {what} is exported to ONNX from torch.export's non-strict capture only, "
             f"which torch.onnx.export tries first; see the error that capture raised.")
-    opset = _requested_opset()
+    opset = torch_hooks.requested_opset()
     if opset is not None and opset < MIN_OPSET:
         raise torch.onnx.OnnxExporterError(
             f"gridsampler3d: {what} on 5-D input needs ONNX opset {MIN_OPSET} or later (GridSample before "

@@ -18,7 +18,7 @@ import contextlib
 
 import torch
 
-from . import api
+from . import api, torch_hooks
 
 __all__ = ["patch_torch", "unpatch_torch", "patched", "is_patched"]
 
@@ -64,7 +64,7 @@ def unpatch_torch() -> None:
     """Remove the override: PyTorch's own kernels run again."""
     global _library, _torch_grid_sample
     if _library is not None:
-        _library._destroy()
+        torch_hooks.remove_library(_library)
         _library = None
         torch.nn.functional.grid_sample = _torch_grid_sample
         _torch_grid_sample = None

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import api, composite, onnx
+from . import api, composite, onnx, torch_hooks
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
 from .modes import DataFormat, DisplacementFormat, parse_data_format, parse_displacement_format
 from .sampling import Field, FieldKind, Outputs, Sampling
@@ -114,17 +114,13 @@ def _eager(*tensors: Tensor) -> bool:
     and dispatch modes see; through PyTorch's dispatcher, with autograd, a forward and
     backward step of 512 points took 398 us against 308 us here (its kernels take 30 us).
     """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _dispatch_mode() is not None:
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch_hooks.dispatch_mode_active():
         return False
     return all(type(tensor) in _PLAIN_TENSORS and tensor.device.type in ("cpu", "cuda")
-               and not torch._C._functorch.is_functorch_wrapped_tensor(tensor) for tensor in tensors)
+               and not torch_hooks.functorch_wrapped(tensor) for tensor in tensors)
 
 
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
-
-
-def _dispatch_mode():
-    return torch.utils._python_dispatch._get_current_dispatch_mode()
 
 
 def _eager_function(forward_name: str, kind: FieldKind, backward_op):

@@ -1,0 +1,131 @@
+"""The one module that reads PyTorch's non-public API: each read, what it is for, and its public fallback.
+
+Tested with torch 2.4.1 (the lowest release ``pyproject.toml`` admits) and 2.13.0
+(``TESTED_TORCH``; ``tests/test_torch_hooks.py`` checks each hook). Each private name is
+looked up once, at import; where a torch release lacks one, its hook falls back to a public
+way that is correct but slower or less precise, and warns once naming the release (or, for
+:func:`remove_library`, raises a clear error when it is asked for). Nothing here changes
+anything in torch.
+
+| hook | private API | for | where it is missing |
+| --- | --- | --- | --- |
+| :func:`functorch_wrapped` | ``torch._C._functorch.is_functorch_wrapped_tensor`` | vmap / grad tensors take the custom ops | every call takes the custom ops |
+| :func:`dispatch_mode_active` | ``torch.utils._python_dispatch._get_current_dispatch_mode`` | tensors under a dispatch mode take the custom ops | every call takes the custom ops |
+| :func:`remove_library` | ``torch.library.Library._destroy`` | ``unpatch_torch`` removes the override | ``unpatch_torch`` raises, naming the remedy |
+| :func:`onnx_export_in_progress` | the exporters' flags (``torch.onnx._internal``) | an ONNX export's strict capture traces the composites | ``torch.onnx.is_in_onnx_export()`` |
+| :func:`requested_opset` | the TorchScript exporter's globals; the dynamo exporter's entry point's frame | refuse opsets below 20 while the export traces | no opset known: nothing refused at trace time |
+
+The dynamo exporter traces the model with ``torch.export`` first and converts the finished
+model to the opset asked for afterwards; while the model is traced, the opset lives only in
+the exporter's entry point's argument. torch has no public function, and no state of its
+own, that holds it then: :func:`requested_opset` reads that argument from the entry point's
+frame on the call stack.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import warnings
+
+import torch
+
+__all__ = ["HOOKS", "TESTED_TORCH", "dispatch_mode_active", "functorch_wrapped", "missing_hooks",
+           "onnx_export_in_progress", "remove_library", "requested_opset"]
+
+#: The oldest and newest torch releases the hooks were tested with.
+TESTED_TORCH = ("2.4.1", "2.13.0")
+
+
+def _lookup(module_name: str, *names: str):
+    """``module_name``'s attribute ``names[0]``, then that one's ``names[1]``, ...; None where any is missing."""
+    try:
+        found = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for name in names:
+        found = getattr(found, name, None)
+        if found is None:
+            return None
+    return found
+
+
+_is_functorch_wrapped = _lookup("torch._C._functorch", "is_functorch_wrapped_tensor")
+_current_dispatch_mode = _lookup("torch.utils._python_dispatch", "_get_current_dispatch_mode")
+_library_destroy = getattr(torch.library.Library, "_destroy", None)
+# The dynamo exporter's flag, and the TorchScript exporter's globals: their home since torch
+# 2.9, or the one before.
+_dynamo_flags = _lookup("torch.onnx._internal.exporter._flags")
+_torchscript_globals = (_lookup("torch.onnx._internal.torchscript_exporter._globals", "GLOBALS")
+                        or _lookup("torch.onnx._globals", "GLOBALS"))
+_export_entry = _lookup("torch.onnx._internal.exporter._compat", "export_compat")
+
+#: Each hook and whether this torch has what it reads.
+HOOKS = {"functorch_wrapped": _is_functorch_wrapped is not None,
+         "dispatch_mode_active": _current_dispatch_mode is not None,
+         "remove_library": _library_destroy is not None,
+         "onnx_export_in_progress": _dynamo_flags is not None or _torchscript_globals is not None,
+         "requested_opset": _torchscript_globals is not None or _export_entry is not None}
+
+
+def missing_hooks() -> list[str]:
+    """The hooks that fall back to public API with this torch."""
+    return [name for name, present in HOOKS.items() if not present]
+
+
+if missing_hooks():
+    warnings.warn(f"gridsampler3d: torch {torch.__version__} lacks what these hooks read: "
+                  f"{', '.join(missing_hooks())}; they fall back to public API (torch_hooks.py says how). "
+                  f"Tested with torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}.", RuntimeWarning, stacklevel=2)
+
+
+def functorch_wrapped(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is wrapped by a functorch transform (``vmap``, ``grad``): such calls take the custom ops.
+
+    Without the private test, every tensor counts as wrapped: correct, and slower.
+    """
+    return True if _is_functorch_wrapped is None else _is_functorch_wrapped(tensor)
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a ``TorchDispatchMode`` is active (fake tensors, FlopCounter, ...): such calls take the custom ops.
+
+    Without the private read, a mode counts as active: correct, and slower.
+    """
+    return True if _current_dispatch_mode is None else _current_dispatch_mode() is not None
+
+
+def remove_library(library: torch.library.Library) -> None:
+    """Remove every kernel ``library`` registered: PyTorch's own kernels run again."""
+    if _library_destroy is None:
+        raise RuntimeError(f"gridsampler3d: torch {torch.__version__} cannot remove a registered kernel (no "
+                           f"Library._destroy); PyTorch's own kernels come back in a new process. Tested with "
+                           f"torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}.")
+    _library_destroy(library)
+
+
+def onnx_export_in_progress() -> bool:
+    """Whether ``torch.onnx.export`` is under way, by either exporter.
+
+    torch.export's strict capture, the dynamo exporter's second try, reads the public
+    ``torch.onnx.is_in_onnx_export()`` as False: only the exporters' own flags tell.
+    """
+    if _dynamo_flags is None and _torchscript_globals is None:
+        return torch.onnx.is_in_onnx_export()
+    return bool(getattr(_dynamo_flags, "_is_onnx_exporting", False)
+                or getattr(_torchscript_globals, "in_onnx_export", False))
+
+
+def requested_opset() -> int | None:
+    """The opset of the model the export under way writes, or None where torch does not say (see above)."""
+    if _torchscript_globals is not None and getattr(_torchscript_globals, "in_onnx_export", False):
+        return _torchscript_globals.export_onnx_opset_version
+    if _export_entry is None:
+        return None
+    code = inspect.unwrap(_export_entry).__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return frame.f_locals.get("opset_version")
+        frame = frame.f_back
+    return None
