@@ -3,12 +3,16 @@
     git worktree add /tmp/before HEAD~1
     python benchmarks/compare_checkouts.py /tmp/before --cases near64,fp64 --threads 1 --stage backward
     python benchmarks/compare_checkouts.py . --other-plain --stage forward   # this engine against its plain path
+    python benchmarks/compare_checkouts.py /tmp/before --cases warp128 --stage step   # an autograd step
 
 On a shared, noisy machine, separate runs of ``gridsampler3d bench`` can differ by more
 than a kernel change does. Here both versions load into one process (the other checkout's
 package under another name) and each timed call of one is followed by the same call of the
 other, so that a disturbance hits both; the line per case gives each version's median and
-the median of the per-pair ratios (this checkout / the other). Calls under a few
+the median of the per-pair ratios (this checkout / the other). ``--stage step`` times an
+autograd step through the differentiable functions (``grid_sample``, or ``warp`` for
+warp128): the forward, then the backward of a sum of squares, input and field both requiring
+their gradients. Calls under a few
 milliseconds are not comparable here: Numba's dispatcher types a record argument by its
 layout, so the kernels of whichever package is called second match through a slow path,
 about 0.4 ms a call. Both compile into the Numba
@@ -52,7 +56,7 @@ def main() -> None:
     parser.add_argument("--cases", default="reg128,feat48",
                         help="comma-separated benchmark case names (warp128 runs the fused warp)")
     parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
-    parser.add_argument("--stage", choices=["forward", "backward"], default="backward")
+    parser.add_argument("--stage", choices=["forward", "backward", "step"], default="backward")
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
     parser.add_argument("--other-plain", action="store_true", help="import the other package on the plain path")
     args = parser.parse_args()
@@ -66,7 +70,19 @@ def main() -> None:
 
         warp = case.grid_kind == "displacement"  # warp128: the fused warp, its "grid" the displacement
 
+        def step(library):
+            volume = x_ncdhw.detach().requires_grad_(True)
+            field = grid.detach().requires_grad_(True)
+            if warp:
+                output = library.warp(volume, field, *attributes)
+            else:
+                output = library.grid_sample(volume, field, *attributes)
+            output.square().sum().backward()
+            return volume.grad, field.grad
+
         def run(library):
+            if args.stage == "step":
+                return step(library)
             forward = library.warp3d if warp else library.grid_sampler3d
             backward = library.warp3d_backward if warp else library.grid_sampler3d_backward
             if args.stage == "forward":
