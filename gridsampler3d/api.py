@@ -19,10 +19,13 @@ import torch
 from .backends import select_backend
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
 from .modes import DisplacementFormat, parse_data_format, parse_displacement_format, parse_output_mask
-from .sampling import Field, FieldKind, Outputs, Sampling
-from .validate import check_backward, check_deterministic, check_forward, check_warp, check_warp_backward
+from .affine import explicit_grid
+from .sampling import Field, FieldKind, Gradients, Outputs, Sampling
+from .validate import (check_affine, check_affine_backward, check_backward, check_deterministic, check_forward,
+                       check_warp, check_warp_backward)
 
-__all__ = ["explain", "grid_sampler3d", "grid_sampler3d_backward", "warp3d", "warp3d_backward"]
+__all__ = ["affine_warp3d", "affine_warp3d_backward", "explain", "grid_sampler3d", "grid_sampler3d_backward", "warp3d",
+           "warp3d_backward"]
 
 
 def _like_caller(tensor, reference_operand):
@@ -34,33 +37,71 @@ def _like_caller(tensor, reference_operand):
 
 def sample(x: torch.Tensor, field: Field, sampling: Sampling, backend: str = "auto") -> torch.Tensor:
     """The forward of checked operands, for every kind of field: ``x`` (N, C, D, H, W), logical NCDHW, sampled at
-    ``field`` by the backend named ``backend`` -> (N, C, Do, Ho, Wo), laid out like ``x``."""
+    ``field`` by the backend named ``backend`` -> (N, C, Do, Ho, Wo), laid out like ``x``.
+
+    An affine field whose theta is not finite samples at :func:`.affine.explicit_grid` (the
+    grid ``F.affine_grid`` builds), so that NaN and infinity land as that path places them.
+    """
     engine = select_backend(backend, x.device)
-    if x.numel() == 0 or field.tensor.numel() == 0:
+    if x.numel() == 0 or field.points == 0:
         out_shape = tuple(x.shape[:2]) + field.out_sizes
         return torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
+    if field.kind.affine and not _finite(field.theta):
+        return engine.forward(x, _explicit(field, x, sampling), sampling)
     return engine.forward(x, field, sampling)
 
 
 def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs, *,
-                    backend: str = "auto", deterministic: bool | None = None):
+                    backend: str = "auto", deterministic: bool | None = None) -> Gradients:
     """The backward of checked operands, for every kind of field, on logical NCDHW tensors: what
-    :func:`grid_sampler3d_backward` and :func:`warp3d_backward` run after their checks.
+    :func:`grid_sampler3d_backward`, :func:`warp3d_backward` and :func:`affine_warp3d_backward` run after their
+    checks.
 
     Autograd's backward calls it directly: its forward checked the operands, and autograd
-    gives grad the output's shape and dtype. Returns ``(dx, dfield)`` as the engine lays
-    them out (:class:`.backends.Backend`); None where ``outputs`` leaves one out.
+    gives grad the output's shape and dtype. Returns :class:`.sampling.Gradients` (dx, the
+    field tensor's, theta's) as the engine lays them out (:class:`.backends.Backend`); None
+    where ``outputs`` leaves one out or the field has none.
     """
     engine = select_backend(backend, x.device)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    outputs = Outputs(outputs.dx, outputs.dfield and field.tensor is not None, outputs.dtheta and field.kind.affine)
     if not any(outputs):
-        return None, None
+        return Gradients()
     if grad.numel() == 0 or x.numel() == 0:
-        dx = torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None
-        dfield = torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None
-        return dx, dfield
+        return Gradients(torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None,
+                         torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield
+                         else None, torch.zeros_like(field.theta) if outputs.dtheta else None)
+    if field.kind.affine and not _finite(field.theta):
+        return _explicit_backward(engine, grad, x, field, sampling, outputs, deterministic)
     return engine.backward(grad, x, field, sampling, outputs, deterministic)
+
+
+def _finite(theta: torch.Tensor) -> bool:
+    return bool(torch.isfinite(theta).all())
+
+
+def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:
+    """The grid of an affine field (:func:`.affine.explicit_grid`), for a theta that is not finite."""
+    return Field.grid(explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]),
+                                    field.tensor))
+
+
+def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, outputs: Outputs, deterministic: bool):
+    """The backward through the explicit grid (for a theta that is not finite): the grid's gradient by the engine,
+    then theta's and the displacement's by autograd through :func:`.affine.explicit_grid`."""
+    leaves = [field.theta.detach().requires_grad_(outputs.dtheta)]
+    if field.tensor is not None:
+        leaves.append(field.tensor.detach().requires_grad_(outputs.dfield))
+    with torch.enable_grad():
+        grid = _explicit(Field.affine(leaves[0], field.out_sizes, leaves[1] if len(leaves) > 1 else None), x,
+                         sampling).tensor
+    dx, dgrid, _ = engine.backward(grad, x, Field.grid(grid.detach()), sampling,
+                                   Outputs(outputs.dx, outputs.dtheta or outputs.dfield), deterministic)
+    wanted = [leaf for leaf in leaves if leaf.requires_grad]
+    found = dict(zip(map(id, wanted), torch.autograd.grad(grid, wanted, dgrid))) if wanted else {}
+    dfield = found.get(id(leaves[-1])) if field.tensor is not None and outputs.dfield else None
+    return Gradients(dx, dfield, found.get(id(leaves[0])))
 
 
 def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zeros",
@@ -119,7 +160,7 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     deterministic = check_deterministic(deterministic)
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    dx, dgrid = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(input, data_format), Field.grid(grid),
+    dx, dgrid, _ = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(input, data_format), Field.grid(grid),
                                 sampling, outputs, backend=backend, deterministic=deterministic)
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
@@ -203,7 +244,7 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     deterministic = check_deterministic(deterministic)
     caller_volume, caller_displacement = volume, displacement
     grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
-    dx, dfield = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format),
+    dx, dfield, _ = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format),
                                  displacement_field(displacement, displacement_format), sampling, outputs,
                                  backend=backend, deterministic=deterministic)
     if dx is not None:
@@ -211,6 +252,85 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     if dfield is not None:
         dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), caller_displacement)
     return dx, dfield
+
+
+def affine_field(theta: torch.Tensor, size, displacement, displacement_format: DisplacementFormat) -> Field:
+    """The :class:`.sampling.Field` of an affine sampling: theta (N, 3, 4), the output size (Do, Ho, Wo), and a
+    displacement (or None) given in ``displacement_format``, as a logical (N, 3, Do, Ho, Wo) view."""
+    if displacement is None:
+        return Field.affine(theta, size)
+    return Field.affine(theta, size, displacement_field(displacement, displacement_format).tensor)
+
+
+def affine_warp3d(volume, theta, size=None, displacement=None, interpolation_mode="bilinear", padding_mode="zeros",
+                  align_corners=False, data_format="NCDHW", displacement_format="N3DHW", backend="auto"):
+    """Sample a volume at an affine map of the output's voxels, plus an optional displacement, with no grid tensor.
+
+    Without ``displacement`` this is ``F.grid_sample(volume, F.affine_grid(theta, (N, C,
+    *size), align_corners), ...)``; with it, each output voxel samples at the affine's position
+    plus the displacement, in input voxels (the identity theta gives :func:`warp3d`). Positions
+    are computed in float64 from theta in voxel terms (:mod:`gridsampler3d.affine`);
+    docs/semantics.md, "The affine field", has the formulas.
+
+    Args:
+        volume: (N, C, D, H, W), or (N, D, H, W, C) with ``data_format="NDHWC"``; a torch
+            tensor (any device) or a NumPy array; float16/bfloat16/float32/float64.
+        theta: (N, 3, 4), normalised coordinates, rows for x, y, z (``F.affine_grid``'s);
+            the volume's dtype and device.
+        size: the output's (Do, Ho, Wo); default the volume's (D, H, W).
+        displacement: None, or (N, 3, Do, Ho, Wo) ((N, Do, Ho, Wo, 3) with
+            ``displacement_format="NDHW3"``), components (dz, dy, dx) in input voxels.
+        interpolation_mode, padding_mode, align_corners, data_format, backend: as for
+            :func:`grid_sampler3d`; the defaults are ``F.grid_sample``'s and ``F.affine_grid``'s.
+
+    Returns:
+        (N, C, Do, Ho, Wo), or (N, Do, Ho, Wo, C) for NDHWC, of the volume's kind, dtype and device.
+    """
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
+    data_format = parse_data_format(data_format)
+    displacement_format = parse_displacement_format(displacement_format)
+    caller_volume = volume
+    volume, theta, size, displacement = check_affine(volume, theta, size, displacement, data_format,
+                                                     displacement_format)
+    field = affine_field(theta, size, displacement, displacement_format)
+    y = sample(to_ncdhw(volume, data_format), field, sampling, backend)
+    return _like_caller(from_ncdhw(y, data_format), caller_volume)
+
+
+def affine_warp3d_backward(grad, volume, theta, size=None, displacement=None, interpolation_mode="bilinear",
+                           padding_mode="zeros", align_corners=False, output_mask=(True, True, True),
+                           data_format="NCDHW", displacement_format="N3DHW", backend="auto", deterministic=None):
+    """Gradients of :func:`affine_warp3d`: (dvolume, dtheta, ddisplacement).
+
+    Args:
+        grad: dL/dy, (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C).
+        volume, theta, size, displacement, interpolation_mode, padding_mode, align_corners,
+            data_format, displacement_format, backend: as for :func:`affine_warp3d`.
+        output_mask: (compute dvolume, compute dtheta, compute ddisplacement); an output not
+            asked for (or, without a displacement, ddisplacement) is ``None`` and not computed.
+        deterministic: as for :func:`grid_sampler3d_backward`. dtheta is summed in float64 in
+            a fixed order in every mode: the same bits for any thread count.
+
+    Returns:
+        ``(dvolume, dtheta, ddisplacement)``, shaped and laid out like volume, theta and the displacement.
+    """
+    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
+    want_dx, want_dtheta, want_ddisplacement = parse_output_mask(output_mask, "dvolume, dtheta, ddisplacement")
+    data_format = parse_data_format(data_format)
+    displacement_format = parse_displacement_format(displacement_format)
+    deterministic = check_deterministic(deterministic)
+    callers = (volume, theta, displacement)
+    grad, volume, theta, size, displacement = check_affine_backward(grad, volume, theta, size, displacement,
+                                                                    data_format, displacement_format)
+    field = affine_field(theta, size, displacement, displacement_format)
+    dx, dfield, dtheta = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format), field,
+                                         sampling, Outputs(want_dx, want_ddisplacement, want_dtheta),
+                                         backend=backend, deterministic=deterministic)
+    if dx is not None:
+        dx = _like_caller(from_ncdhw(dx, data_format), callers[0])
+    if dfield is not None:
+        dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), callers[2])
+    return dx, _like_caller(dtheta, callers[1]), dfield
 
 
 def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,

@@ -17,7 +17,7 @@ import torch
 from . import reference
 from .layout import memory_format_of
 from .rounding import round_once
-from .sampling import Field, Outputs, Sampling
+from .sampling import Field, Gradients, Outputs, Sampling
 
 __all__ = ["BACKENDS", "Backend", "available_backends", "select_backend", "describe_backends", "auto_choices",
            "cpu_engine", "library_versions", "ReferenceBackend"]
@@ -41,8 +41,9 @@ class Backend(Protocol):
         """y (N, C, Do, Ho, Wo): ``x`` (N, C, D, H, W) sampled at ``field``, laid out like ``x``."""
 
     def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(dx like ``x``, the field's gradient like ``field.tensor``), None where ``outputs`` leaves one out.
+                 deterministic: bool) -> Gradients:
+        """(dx like ``x``, the gradient of the field's tensor like it, theta's like theta), None where ``outputs``
+        leaves one out.
 
         ``grad`` is (N, C, Do, Ho, Wo); ``deterministic`` asks for the same bits on every run
         (the CPU engines always give them).
@@ -71,15 +72,24 @@ class ReferenceBackend:
         return True
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
-        y = reference.sample(_to_float64_numpy(x), _to_float64_numpy(field.tensor), field.kind, sampling)
+        y = reference.sample(_to_float64_numpy(x), _reference_field(field), field.kind, sampling)
         return _tensor_like(y, x, memory_format_of(x))
 
     def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool):
-        dx, dfield = reference.sample_backward(_to_float64_numpy(grad), _to_float64_numpy(x),
-                                               _to_float64_numpy(field.tensor), field.kind, sampling, outputs)
-        return (None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
-                None if dfield is None else _tensor_like(dfield, field.tensor, field.gradient_format()))
+                 deterministic: bool) -> Gradients:
+        dx, dfield, dtheta = reference.sample_backward(_to_float64_numpy(grad), _to_float64_numpy(x),
+                                                       _reference_field(field), field.kind, sampling, outputs)
+        return Gradients(None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
+                         None if dfield is None else _tensor_like(dfield, field.tensor, field.gradient_format()),
+                         None if dtheta is None else _tensor_like(dtheta, field.theta, torch.contiguous_format))
+
+
+def _reference_field(field: Field):
+    """The field as :func:`.reference.positions` takes it: a float64 array, or (theta, size or displacement)."""
+    if not field.kind.affine:
+        return _to_float64_numpy(field.tensor)
+    rest = field.out_sizes if field.tensor is None else _to_float64_numpy(field.tensor)
+    return _to_float64_numpy(field.theta), rest
 
 
 class _Missing:

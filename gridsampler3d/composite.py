@@ -12,7 +12,8 @@ import torch
 
 from .modes import Interpolation, Padding
 from .reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
-from .sampling import FieldKind, Sampling
+from .affine import voxel_matrix
+from .sampling import Field, FieldKind, Sampling
 
 __all__ = ["sample"]
 
@@ -96,23 +97,33 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, kin
     return output
 
 
-def _positions(field, kind: FieldKind):
-    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) of a field of ``kind``: a grid's normalised coordinates, or a
-    displacement's (N, 3, D, H, W; (dz, dy, dx)) voxel positions, identity + displacement."""
-    if kind == FieldKind.GRID:
-        return field
-    depth, height, width = field.shape[2:]
-    options = {"dtype": field.dtype, "device": field.device}
-    zz, yy, xx = torch.meshgrid(torch.arange(depth, **options), torch.arange(height, **options),
-                                torch.arange(width, **options), indexing="ij")
-    return torch.stack([xx + field[:, 2], yy + field[:, 1], zz + field[:, 0]], dim=-1)
+def _positions(field: Field, in_sizes, align_corners: bool):
+    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) of ``field``: a grid's normalised coordinates; else voxel
+    positions: identity + displacement (N, 3, D, H, W; (dz, dy, dx)), or an affine field's ``M @ (w, h, d, 1)``
+    (:func:`.affine.voxel_matrix`, differentiable in theta) plus its displacement, if any."""
+    if field.kind == FieldKind.GRID:
+        return field.tensor
+    out_sizes = field.out_sizes
+    like = field.theta if field.kind.affine else field.tensor
+    options = {"dtype": like.dtype, "device": like.device}
+    zz, yy, xx = torch.meshgrid(*[torch.arange(size, **options) for size in out_sizes], indexing="ij")
+    if field.kind.affine:
+        matrix = voxel_matrix(field.theta, in_sizes, out_sizes, align_corners)[:, :, :, None, None, None]
+        identity = [matrix[:, axis, 0] * xx + ((matrix[:, axis, 1] * yy + matrix[:, axis, 2] * zz) + matrix[:, axis, 3])
+                    for axis in range(3)]
+    else:
+        identity = [xx, yy, zz]
+    if field.tensor is None:
+        return torch.stack(identity, dim=-1)
+    return torch.stack([identity[axis] + field.tensor[:, 2 - axis] for axis in range(3)], dim=-1)
 
 
-def sample(x, field, kind: FieldKind, sampling: Sampling):
-    """Differentiable sampling: x (N, C, D, H, W) at ``field`` (a grid (N, Do, Ho, Wo, 3), or a displacement
-    (N, 3, D, H, W), as ``kind`` says) -> (N, C, Do, Ho, Wo)."""
+def sample(x, field: Field, sampling: Sampling):
+    """Differentiable sampling: x (N, C, D, H, W) at ``field`` (:class:`.sampling.Field`: a grid (N, Do, Ho, Wo, 3),
+    a displacement (N, 3, D, H, W), an affine theta and its displacement, if any) -> (N, C, Do, Ho, Wo)."""
     interpolation, padding, align_corners = sampling.interpolation, sampling.padding, sampling.align_corners
-    grid = _positions(field, kind)
+    kind = field.kind
+    grid = _positions(field, tuple(x.shape[2:]), align_corners)
     batch, channels, depth, height, width = x.shape
     out_shape = (batch, channels) + tuple(grid.shape[1:4])
     flat = x.reshape(batch, channels, depth * height * width)

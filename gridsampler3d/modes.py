@@ -124,13 +124,16 @@ def parse_align_corners(value) -> bool:
     return bool(value)
 
 
-def parse_output_mask(value, names: str = "dx, dgrid") -> tuple[bool, bool]:
-    """A pair of bools (compute dx, compute dgrid) → ``tuple[bool, bool]``; ``names`` labels them in errors."""
+def parse_output_mask(value, names: str = "dx, dgrid") -> tuple[bool, ...]:
+    """Bools, one per output (compute dx, compute dgrid) → a tuple of bools; ``names`` names the outputs, comma
+    separated, in errors and in how many bools it takes."""
+    count = len(names.split(","))
+    what = "a pair" if count == 2 else f"{count}"
     try:
         items = tuple(value)
     except TypeError:
-        raise TypeError(f"output_mask must be a pair of bools ({names}); got {type(value).__name__} "
+        raise TypeError(f"output_mask must be {what} bools ({names}); got {type(value).__name__} "
                         f"{value!r}") from None
-    if len(items) != 2 or not all(_is_bool(item) for item in items):
-        raise TypeError(f"output_mask must be a pair of bools ({names}); got {value!r}")
-    return bool(items[0]), bool(items[1])
+    if len(items) != count or not all(_is_bool(item) for item in items):
+        raise TypeError(f"output_mask must be {what} bools ({names}); got {value!r}")
+    return tuple(bool(item) for item in items)

@@ -27,9 +27,10 @@ from torch import Tensor
 
 from . import torch_hooks
 from .modes import Interpolation, Padding
-from .sampling import Sampling
+from .affine import explicit_grid
+from .sampling import Field, Sampling
 
-__all__ = ["MIN_OPSET", "exporting", "grid_sample", "warp"]
+__all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "warp"]
 
 MIN_OPSET = 20  # GridSample before opset 20 samples 4-D input only
 
@@ -101,3 +102,13 @@ def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
     grid = torch.stack(coordinates[::-1], dim=-1)  # (N, D, H, W, 3): (x, y, z)
     return F.grid_sample(volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
                          about_centres)
+
+
+def affine_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
+    """volume (N, C, D, H, W) at an affine field (theta, and a displacement (N, 3, Do, Ho, Wo) or none) ->
+    (N, C, Do, Ho, Wo), as AffineGrid then GridSample (:func:`.affine.explicit_grid`: the displacement, in input
+    voxels, added in normalised units)."""
+    _refuse_what_onnx_cannot_express(sampling.interpolation, "affine_warp")
+    grid = explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(volume.shape[2:]), field.tensor)
+    return F.grid_sample(volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
+                         sampling.align_corners)

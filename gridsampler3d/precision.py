@@ -25,7 +25,7 @@ from . import composite, reference
 from .layout import from_ncdhw, to_ncdhw
 from .rounding import HALF_DTYPES, round_once
 from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
-from .sampling import FieldKind, Sampling
+from .sampling import Field, Sampling
 
 __all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
            "golden_backward", "competitor_forward", "competitor_backward"]
@@ -137,7 +137,7 @@ def _bicubic_forward(dtype, x, grid, padding_mode, align_corners):
     if dtype == torch.float64:
         return torch.from_numpy(reference.grid_sampler3d_fwd(x.numpy(), grid.numpy(), Interpolation.BICUBIC, padding,
                                                              bool(align_corners)))
-    return composite.sample(x, grid, FieldKind.GRID, Sampling(Interpolation.BICUBIC, padding, bool(align_corners)))
+    return composite.sample(x, Field.grid(grid), Sampling(Interpolation.BICUBIC, padding, bool(align_corners)))
 
 
 def _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_mask):
@@ -148,7 +148,7 @@ def _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_
         return torch.from_numpy(dx), torch.from_numpy(dgrid)
     x, grid = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
     with torch.enable_grad():
-        y = composite.sample(x, grid, FieldKind.GRID, Sampling(Interpolation.BICUBIC, padding, bool(align_corners)))
+        y = composite.sample(x, Field.grid(grid), Sampling(Interpolation.BICUBIC, padding, bool(align_corners)))
         return torch.autograd.grad(y, (x, grid), grad)
 
 

@@ -25,9 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .modes import Interpolation, Padding
-from .sampling import FieldKind, Outputs, Sampling
+from .affine import theta_gradient, voxel_matrix
+from .sampling import FieldKind, Gradients, Outputs, Sampling
 
-__all__ = ["sample", "sample_backward", "grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd",
+__all__ = ["positions", "sample", "sample_backward", "grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd",
            "warp_positions", "source_index", "cubic_coefficients", "cubic_slopes", "pad_tap"]
 
 # The numbers of the rules, here once: the engines' coordinate rules (cpu/coords.py,
@@ -308,29 +309,61 @@ def _sample_points(positions_n, sizes, sampling: Sampling, kind: FieldKind, forw
     return _nearest_taps(index, sizes), multiplier
 
 
-def _positions(field, kind: FieldKind):
-    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) that ``field`` gives: a grid's coordinates, a displacement's
-    voxel positions (:func:`warp_positions`)."""
-    return warp_positions(field) if kind == FieldKind.DISPLACEMENT else field
+def positions(field, kind: FieldKind, in_sizes, align_corners: bool):
+    """The positions (N, Do, Ho, Wo, 3) as (x, y, z) that ``field`` gives, for an input of ``in_sizes`` (D, H, W).
 
-
-def _field_gradient(dpositions, kind: FieldKind):
-    """The field's gradient from d loss / d position (N, Do, Ho, Wo, 3): as it is for a grid; for a displacement
-    (d position / d displacement is 1) its components reordered to (dz, dy, dx), (N, 3, Do, Ho, Wo)."""
+    A grid's normalised coordinates as they are; a displacement's voxel positions
+    (:func:`warp_positions`); an affine field's, ``field`` = (theta (N, 3, 4), output size
+    (Do, Ho, Wo)) or (theta, displacement): ``M @ (w, h, d, 1)`` (:func:`.affine.voxel_matrix`),
+    plus the displacement's (dx, dy, dz).
+    """
+    if kind == FieldKind.GRID:
+        return field
     if kind == FieldKind.DISPLACEMENT:
-        return np.ascontiguousarray(dpositions[..., ::-1].transpose(0, 4, 1, 2, 3))
-    return dpositions
+        return warp_positions(field)
+    theta, rest = field
+    out_sizes = tuple(rest) if kind == FieldKind.AFFINE else rest.shape[2:]
+    matrix = voxel_matrix(np.asarray(theta, dtype=np.float64), in_sizes, out_sizes, align_corners)
+    zz, yy, xx = np.meshgrid(*[np.arange(size, dtype=np.float64) for size in out_sizes], indexing="ij")
+    with np.errstate(invalid="ignore", over="ignore"):
+        axes = [matrix[:, axis, 0, None, None, None] * xx + ((matrix[:, axis, 1, None, None, None] * yy
+                + matrix[:, axis, 2, None, None, None] * zz) + matrix[:, axis, 3, None, None, None])
+                for axis in range(3)]
+        if kind == FieldKind.AFFINE_DISPLACEMENT:
+            axes = [axes[axis] + np.asarray(rest, dtype=np.float64)[:, 2 - axis] for axis in range(3)]
+    return np.stack(axes, axis=-1)
+
+
+def _field_gradients(dpositions, field, kind: FieldKind, in_sizes, align_corners: bool, outputs: Outputs):
+    """(the gradient of the field's tensor, theta's) from d loss / d position (N, Do, Ho, Wo, 3).
+
+    A grid's is ``dpositions``; a displacement's (d position / d displacement is 1) its
+    components reordered to (dz, dy, dx), (N, 3, Do, Ho, Wo); theta's the chain rule through
+    :func:`.affine.voxel_matrix`, summed in float64 (:func:`.affine.theta_gradient`).
+    """
+    dfield = dtheta = None
+    if outputs.dfield and kind == FieldKind.GRID:
+        dfield = dpositions
+    elif outputs.dfield and kind.displaced:
+        dfield = np.ascontiguousarray(dpositions[..., ::-1].transpose(0, 4, 1, 2, 3))
+    if outputs.dtheta and kind.affine:
+        out_sizes = dpositions.shape[1:4]
+        zz, yy, xx = np.meshgrid(*[np.arange(size, dtype=np.float64) for size in out_sizes], indexing="ij")
+        homogeneous = np.stack([xx, yy, zz, np.ones_like(xx)], axis=-1).reshape(-1, 4)
+        matrix_grad = np.einsum("npi,pj->nij", dpositions.reshape(dpositions.shape[0], -1, 3), homogeneous)
+        dtheta = theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners)
+    return dfield, dtheta
 
 
 def sample(x, field, kind: FieldKind, sampling: Sampling):
-    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (its ``kind``'s layout, see :mod:`.sampling`) → (N, C, Do, Ho, Wo)."""
-    positions = _positions(field, kind)
-    batch, channels = x.shape[:2]
+    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (of ``kind``, see :func:`positions`) → (N, C, Do, Ho, Wo)."""
     sizes = x.shape[2:]
-    out_sizes = positions.shape[1:4]
+    points = positions(field, kind, sizes, sampling.align_corners)
+    batch, channels = x.shape[:2]
+    out_sizes = points.shape[1:4]
     output = np.zeros((batch, channels) + out_sizes)
     for n in range(batch):
-        taps, _ = _sample_points(positions[n], sizes, sampling, kind, forward=True)
+        taps, _ = _sample_points(points[n], sizes, sampling, kind, forward=True)
         values = x[n].reshape(channels, -1)
         accumulated = np.zeros((channels, taps.offset.shape[0]))
         with np.errstate(invalid="ignore", over="ignore"):
@@ -347,31 +380,34 @@ def sample(x, field, kind: FieldKind, sampling: Sampling):
 
 
 def sample_backward(grad, x, field, kind: FieldKind, sampling: Sampling, outputs=Outputs()):
-    """Gradients of ``sum(grad * sample(x, field, kind, sampling))``: ``(dx, dfield)``.
+    """Gradients of ``sum(grad * sample(x, field, kind, sampling))``: :class:`.sampling.Gradients` (dx, dfield, dtheta).
 
-    dx is (N, C, Di, Hi, Wi); dfield is shaped like ``field``; an output that ``outputs``
-    (:class:`.sampling.Outputs`) leaves out is ``None``.
+    dx is (N, C, Di, Hi, Wi); dfield is shaped like the field's grid or displacement,
+    dtheta like theta; an output that ``outputs`` (:class:`.sampling.Outputs`) leaves out,
+    or the field does not have, is ``None``.
     """
-    want_dx, want_dfield = outputs
-    positions = _positions(field, kind)
-    batch, channels = x.shape[:2]
     sizes = x.shape[2:]
+    points = positions(field, kind, sizes, sampling.align_corners)
+    batch, channels = x.shape[:2]
     volume = int(np.prod(sizes))
-    dx = np.zeros(x.shape) if want_dx else None
-    dpositions = np.zeros(positions.shape) if want_dfield else None
+    dx = np.zeros(x.shape) if outputs.dx else None
+    want_positions = (outputs.dfield and not kind == FieldKind.AFFINE) or (outputs.dtheta and kind.affine)
+    dpositions = np.zeros(points.shape) if want_positions else None
     for n in range(batch):
-        taps, multiplier = _sample_points(positions[n], sizes, sampling, kind, forward=False)
+        taps, multiplier = _sample_points(points[n], sizes, sampling, kind, forward=False)
         grad_n = grad[n].reshape(channels, -1)
         with np.errstate(invalid="ignore", over="ignore"):
-            if want_dx:
+            if outputs.dx:
                 dx[n] = _scatter_dx(grad_n, taps, volume).reshape(x.shape[1:])
-            if want_dfield and sampling.interpolation == Interpolation.BICUBIC:
+            if want_positions and sampling.interpolation == Interpolation.BICUBIC:
                 grad_index = _bicubic_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
-                dpositions[n] = (multiplier * grad_index).reshape(positions.shape[1:])
-            elif want_dfield and sampling.interpolation != Interpolation.NEAREST:
+                dpositions[n] = (multiplier * grad_index).reshape(points.shape[1:])
+            elif want_positions and sampling.interpolation != Interpolation.NEAREST:
                 grad_index = _contract_grid_gradient(grad_n, x[n].reshape(channels, volume), taps)
-                dpositions[n] = (multiplier * grad_index).reshape(positions.shape[1:])
-    return dx, (None if dpositions is None else _field_gradient(dpositions, kind))
+                dpositions[n] = (multiplier * grad_index).reshape(points.shape[1:])
+    if dpositions is None:
+        return Gradients(dx)
+    return Gradients(dx, *_field_gradients(dpositions, field, kind, sizes, sampling.align_corners, outputs))
 
 
 def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool):
@@ -384,7 +420,7 @@ def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Pad
     """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid))``: ``(dx, dgrid)``, (N, C, Di, Hi, Wi) and
     (N, Do, Ho, Wo, 3); an output whose ``output_mask`` entry is False is ``None``."""
     return sample_backward(grad, x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners),
-                           Outputs(*output_mask))
+                           Outputs(*output_mask))[:2]
 
 
 def warp_positions(displacement):
@@ -417,7 +453,7 @@ def warp_bwd(grad, x, displacement, interpolation: Interpolation, padding: Paddi
     the voxel position (through padding), its components reordered to (dz, dy, dx).
     """
     return sample_backward(grad, x, displacement, FieldKind.DISPLACEMENT,
-                           Sampling(interpolation, padding, align_corners), Outputs(*output_mask))
+                           Sampling(interpolation, padding, align_corners), Outputs(*output_mask))[:2]
 
 
 def _contract_grid_gradient(grad_n, values, taps: Taps):

@@ -1,8 +1,9 @@
 """What a call samples, and how: the records made once at the API edge and handed unchanged to every engine.
 
     Sampling(interpolation, padding, align_corners)   how a value is read at a position
-    Field(kind, tensor)                               where: the kind of field and the tensor that holds it
-    Outputs(dx, dfield)                               which gradients a backward computes
+    Field(kind, tensor, theta, size)                  where: the kind of field and the tensors that hold it
+    Outputs(dx, dfield, dtheta)                       which gradients a backward computes
+    Gradients(dx, dfield, dtheta)                     what it returns
 
 A backend (:class:`.backends.Backend`) takes these records; its planner, its executors,
 its kernel factories (as their cache key: ``(sampling, field.kind)``) and its coordinate
@@ -12,14 +13,22 @@ a new :class:`FieldKind`, not a new flag in every signature.
 
 The field kinds and the layout each engine sees (logical NCDHW order, any strides):
 
-    GRID          (N, Do, Ho, Wo, 3)   normalised (x, y, z) in [-1, 1] per output point
-    DISPLACEMENT  (N, 3, Do, Ho, Wo)   (dz, dy, dx) in input voxels from the output point's own
-                                       position (the fused warp: Do, Ho, Wo are the input's sizes)
+    GRID                 tensor (N, Do, Ho, Wo, 3)   normalised (x, y, z) in [-1, 1] per output point
+    DISPLACEMENT         tensor (N, 3, Do, Ho, Wo)   (dz, dy, dx) in input voxels from the output point's
+                                                     own position (the fused warp: the input's sizes)
+    AFFINE               theta (N, 3, 4), size       ``F.affine_grid``'s theta; the output's (Do, Ho, Wo)
+    AFFINE_DISPLACEMENT  theta, tensor (N, 3, Do, Ho, Wo)   the affine's position plus a displacement in
+                                                     input voxels
+
+An affine field samples output voxel (w, h, d) at the input voxel position
+``M @ (w, h, d, 1)``, where ``M`` (:func:`.affine.voxel_matrix`) is theta in voxel terms
+(docs/semantics.md, "The affine field").
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import NamedTuple
 
 import torch
@@ -27,7 +36,7 @@ import torch
 from .layout import memory_format_of
 from .modes import Interpolation, Padding, parse_align_corners, parse_interpolation, parse_padding
 
-__all__ = ["FieldKind", "Field", "Sampling", "Outputs"]
+__all__ = ["FieldKind", "Field", "Gradients", "Sampling", "Outputs"]
 
 
 class FieldKind(enum.IntEnum):
@@ -35,11 +44,23 @@ class FieldKind(enum.IntEnum):
 
     GRID = 0  # normalised coordinates, (N, Do, Ho, Wo, 3) as (x, y, z)
     DISPLACEMENT = 1  # voxels from each output point's own position, (N, 3, Do, Ho, Wo) as (dz, dy, dx)
+    AFFINE = 2  # an affine theta (N, 3, 4), as F.affine_grid takes it
+    AFFINE_DISPLACEMENT = 3  # an affine theta, plus a displacement in voxels from its position
 
     @property
     def in_voxels(self) -> bool:
         """Whether the positions are voxel indices (slope 1) rather than normalised coordinates."""
         return self != FieldKind.GRID
+
+    @property
+    def affine(self) -> bool:
+        """Whether the field has an affine theta."""
+        return self in (FieldKind.AFFINE, FieldKind.AFFINE_DISPLACEMENT)
+
+    @property
+    def displaced(self) -> bool:
+        """Whether the field's tensor is a displacement (N, 3, Do, Ho, Wo)."""
+        return self in (FieldKind.DISPLACEMENT, FieldKind.AFFINE_DISPLACEMENT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +86,19 @@ class Sampling:
 
 
 class Outputs(NamedTuple):
-    """Which gradients a backward computes: dx, and the field's (a grid's or a displacement's)."""
+    """Which gradients a backward computes: dx, the field's tensor's (a grid's or a displacement's), theta's."""
 
     dx: bool = True
     dfield: bool = True
+    dtheta: bool = False
+
+
+class Gradients(NamedTuple):
+    """What a backward returns: dx, the gradient of the field's tensor and of theta; None where not computed."""
+
+    dx: torch.Tensor | None = None
+    dfield: torch.Tensor | None = None
+    dtheta: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,12 +106,16 @@ class Field:
     """The positions a call samples at: their kind and the tensor that holds them, in the engines' layout.
 
     ``tensor`` is a logical view (any strides, nothing copied): a grid (N, Do, Ho, Wo, 3) or a
-    displacement (N, 3, Do, Ho, Wo) (see the module's table). The engines read it through
-    :meth:`point_strides` and write its gradient in :meth:`gradient_format`.
+    displacement (N, 3, Do, Ho, Wo) (see the module's table), None for an affine field
+    without a displacement. The engines read it through :meth:`point_strides` and write its
+    gradient in :meth:`gradient_format`. ``theta`` (N, 3, 4) is an affine field's, ``size``
+    its output's (Do, Ho, Wo) where no tensor gives them.
     """
 
     kind: FieldKind
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None
+    theta: torch.Tensor | None = None
+    size: tuple | None = None
 
     @classmethod
     def grid(cls, grid: torch.Tensor) -> Field:
@@ -91,11 +125,27 @@ class Field:
     def displacement(cls, displacement: torch.Tensor) -> Field:
         return cls(FieldKind.DISPLACEMENT, displacement)
 
+    @classmethod
+    def affine(cls, theta: torch.Tensor, size, displacement: torch.Tensor | None = None) -> Field:
+        """An affine field: ``theta`` (N, 3, 4), output ``size`` (Do, Ho, Wo), and an optional displacement
+        (N, 3, Do, Ho, Wo) added to the affine's position."""
+        if displacement is None:
+            return cls(FieldKind.AFFINE, None, theta, tuple(size))
+        return cls(FieldKind.AFFINE_DISPLACEMENT, displacement, theta, tuple(size))
+
     @property
     def out_sizes(self) -> tuple[int, int, int]:
         """The output's (Do, Ho, Wo)."""
+        if self.kind == FieldKind.AFFINE:
+            return self.size
         shape = self.tensor.shape
-        return tuple(shape[2:]) if self.kind == FieldKind.DISPLACEMENT else tuple(shape[1:4])
+        return tuple(shape[2:]) if self.kind.displaced else tuple(shape[1:4])
+
+    @property
+    def points(self) -> int:
+        """N * Do * Ho * Wo: how many points the field gives."""
+        batch = (self.theta if self.tensor is None else self.tensor).shape[0]
+        return batch * math.prod(self.out_sizes)
 
     def point_strides(self, strides=None) -> tuple[int, ...]:
         """The field's element strides in point order (n, d, h, w, component), components in the kind's own order.
@@ -104,14 +154,10 @@ class Field:
         shape (its gradient's, or a copy's in another dtype).
         """
         strides = tuple(self.tensor.stride() if strides is None else strides)
-        if self.kind == FieldKind.DISPLACEMENT:
+        if self.kind.displaced:
             return strides[0], strides[2], strides[3], strides[4], strides[1]
         return strides
 
     def gradient_format(self) -> torch.memory_format:
         """The memory format of the field's gradient: a grid's is contiguous, a displacement's laid out like it."""
-        return memory_format_of(self.tensor) if self.kind == FieldKind.DISPLACEMENT else torch.contiguous_format
-
-    def with_tensor(self, tensor: torch.Tensor) -> Field:
-        """The same kind of field held in ``tensor`` (a copy in the kernels' dtype, or a detached view)."""
-        return Field(self.kind, tensor)
+        return memory_format_of(self.tensor) if self.kind.displaced else torch.contiguous_format

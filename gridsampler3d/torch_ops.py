@@ -60,6 +60,27 @@ def _grid_sampler3d_backward_fake(grad, input, grid, interpolation_mode, padding
     return dx, dgrid
 
 
+def second_derivatives(differentiable, saved, output_mask, grad_firsts) -> tuple:
+    """The gradients, with respect to grad and each tensor ``differentiable`` takes, of the sum of
+    <grad_firsts[k], d sum(grad * output) / d tensors[k]> over the first derivatives ``output_mask`` asked for:
+    what a backward op's own backward returns. ``saved`` is (grad, *tensors); None tensors stay None."""
+    with torch.enable_grad():
+        grad, *tensors = (None if tensor is None else tensor.detach().requires_grad_() for tensor in saved)
+        present = [tensor for tensor in tensors if tensor is not None]
+        output = differentiable(*tensors)
+        firsts = iter(torch.autograd.grad(output, present, grad, create_graph=True, allow_unused=True,
+                                          materialize_grads=True))
+        total = output.new_zeros(())
+        for tensor, wanted, grad_first in zip(tensors, output_mask, grad_firsts):
+            first = None if tensor is None else next(firsts)
+            if wanted and first is not None and grad_first is not None and grad_first.numel():
+                total = total + (first * grad_first).sum()
+        if not total.requires_grad:
+            return (None,) * (1 + len(tensors))
+        found = iter(torch.autograd.grad(total, [grad, *present], allow_unused=True, materialize_grads=True))
+        return (next(found), *(None if tensor is None else next(found) for tensor in tensors))
+
+
 def _register_autograd(forward_op, backward_op, kind: FieldKind) -> None:
     """Autograd for a sampling op pair: ``forward_op(input, field, *attributes)`` (field: of ``kind``) and
     ``backward_op(grad, input, field, *attributes, output_mask)``; second derivatives through
@@ -84,20 +105,9 @@ def _register_autograd(forward_op, backward_op, kind: FieldKind) -> None:
 
     def double_backward(ctx, grad_dx, grad_dfield):
         """Gradients of <grad_dx, dx> + <grad_dfield, dfield> through the differentiable composite."""
-        saved = ctx.saved_tensors
-        with torch.enable_grad():
-            grad, input, field = (tensor.detach().requires_grad_() for tensor in saved)
-            output = composite.sample(input, field, kind, Sampling.parse(*ctx.attributes))
-            dx, dfield = torch.autograd.grad(output, (input, field), grad, create_graph=True, allow_unused=True,
-                                             materialize_grads=True)
-            total = output.new_zeros(())
-            if ctx.output_mask[0] and grad_dx is not None and grad_dx.numel():
-                total = total + (dx * grad_dx).sum()
-            if ctx.output_mask[1] and grad_dfield is not None and grad_dfield.numel():
-                total = total + (dfield * grad_dfield).sum()
-            if not total.requires_grad:
-                return None, None, None, None, None, None, None
-            grads = torch.autograd.grad(total, (grad, input, field), allow_unused=True, materialize_grads=True)
+        sampling = Sampling.parse(*ctx.attributes)
+        grads = second_derivatives(lambda input, field: composite.sample(input, Field(kind, field), sampling),
+                                   ctx.saved_tensors, ctx.output_mask, (grad_dx, grad_dfield))
         return (*grads, None, None, None, None)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
@@ -107,7 +117,7 @@ def _register_autograd(forward_op, backward_op, kind: FieldKind) -> None:
 _register_autograd(grid_sampler3d_op, grid_sampler3d_backward_op, FieldKind.GRID)
 
 
-def _eager(*tensors: Tensor) -> bool:
+def eager(*tensors: Tensor) -> bool:
     """Whether a call on ``tensors`` may skip the custom ops: plain tensors with data, run eagerly.
 
     The custom ops are what ``torch.compile``, ``torch.export``, fake and meta tensors, vmap
@@ -125,7 +135,7 @@ _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 
 def _eager_function(forward_name: str, kind: FieldKind, backward_op):
     """An autograd.Function over the :mod:`.api` function ``forward_name``, which samples a field of ``kind``
-    (see :func:`_eager`).
+    (see :func:`eager`).
 
     Its backward runs :func:`.api.sample_backward` (the forward checked the operands), or
     the backward custom op when the backward itself is to be differentiated
@@ -160,14 +170,14 @@ def _eager_function(forward_name: str, kind: FieldKind, backward_op):
 
 def _sample(function, op, input: Tensor, field: Tensor, sampling: Sampling) -> Tensor:
     """``op(input, field, *attributes)`` with ``sampling``'s attributes as the ops take them (aclnn codes), through
-    ``function`` (or without autograd) where :func:`_eager` allows; under ``torch.autocast``, in float32 (as
+    ``function`` (or without autograd) where :func:`eager` allows; under ``torch.autocast``, in float32 (as
     PyTorch's grid sampler)."""
     device_type = input.device.type
     if torch.is_autocast_enabled(device_type):
         with torch.autocast(device_type, enabled=False):
             return _sample(function, op, input.float(), field.float(), sampling)
     attributes = (int(sampling.interpolation), int(sampling.padding), sampling.align_corners)
-    if not _eager(input, field):
+    if not eager(input, field):
         return op(input, field, *attributes)
     if torch.is_grad_enabled() and (input.requires_grad or field.requires_grad):
         return function.apply(input, field, *attributes)

@@ -11,8 +11,8 @@ import torch
 
 from .modes import DataFormat, DisplacementFormat
 
-__all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_deterministic",
-           "DTYPES", "FLOAT_DTYPES"]
+__all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_affine",
+           "check_affine_backward", "check_deterministic", "DTYPES", "FLOAT_DTYPES"]
 
 #: The dtypes the operator takes, by the names the golden kit's files, the commands and the tables use.
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -157,6 +157,66 @@ def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
         raise ValueError(f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
                          f"volume's shape); got {tuple(grad.shape)}")
     return grad, volume, displacement
+
+
+def check_size(size, default) -> tuple[int, int, int]:
+    """The output size (Do, Ho, Wo): ``size`` as three positive ints, or ``default`` where None."""
+    if size is None:
+        return tuple(int(value) for value in default)
+    try:
+        values = tuple(size)
+    except TypeError:
+        raise TypeError(f"size must be (Do, Ho, Wo), three ints; got {type(size).__name__} {size!r}") from None
+    if len(values) != 3 or not all(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+                                   for value in values):
+        raise TypeError(f"size must be (Do, Ho, Wo), three ints; got {size!r}")
+    if min(values) < 1:
+        raise ValueError(f"size (Do, Ho, Wo) must be positive; got {tuple(int(value) for value in values)}")
+    return tuple(int(value) for value in values)
+
+
+def check_affine(volume, theta, size, displacement, data_format: DataFormat,
+                 displacement_format: DisplacementFormat):
+    """Validate an affine sampling's operands; returns ``(volume, theta, size, displacement)`` (tensors, the output
+    size (Do, Ho, Wo) (by default the volume's), and the displacement or None)."""
+    volume, theta = as_tensor(volume, "volume"), as_tensor(theta, "theta")
+    layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
+    _check_5d(volume, "volume", layout)
+    for tensor, name in ((volume, "volume"), (theta, "theta")):
+        _check_dtype(tensor, name)
+    _check_same({"volume": volume, "theta": theta})
+    batch, _, spatial = _split_layout(volume.shape, data_format)
+    if 0 in spatial:
+        raise ValueError(f"volume's spatial sizes (D, H, W) must be non-zero; got {tuple(spatial)}")
+    if tuple(theta.shape) != (batch, 3, 4):
+        raise ValueError(f"theta must be (N, 3, 4) with volume's N ({batch}), as F.affine_grid takes it; "
+                         f"got shape {tuple(theta.shape)}")
+    size = check_size(size, spatial)
+    if displacement is None:
+        return volume, theta, size, None
+    displacement = as_tensor(displacement, "displacement")
+    _check_dtype(displacement, "displacement")
+    _check_same({"volume": volume, "displacement": displacement})
+    expected = (batch, 3, *size) if displacement_format == DisplacementFormat.N3DHW else (batch, *size, 3)
+    if tuple(displacement.shape) != expected:
+        raise ValueError(f"displacement must be {expected} for displacement_format {displacement_format.value!r} "
+                         f"(N of the volume, the output size {size}); got shape {tuple(displacement.shape)}")
+    return volume, theta, size, displacement
+
+
+def check_affine_backward(grad, volume, theta, size, displacement, data_format: DataFormat,
+                          displacement_format: DisplacementFormat):
+    """Validate an affine sampling's backward operands; returns ``(grad, volume, theta, size, displacement)``."""
+    volume, theta, size, displacement = check_affine(volume, theta, size, displacement, data_format,
+                                                     displacement_format)
+    grad = as_tensor(grad, "grad")
+    _check_dtype(grad, "grad")
+    _check_same({"volume": volume, "grad": grad})
+    batch, channels, _ = _split_layout(volume.shape, data_format)
+    expected = (batch, channels, *size) if data_format == DataFormat.NCDHW else (batch, *size, channels)
+    if tuple(grad.shape) != expected:
+        raise ValueError(f"grad's shape must be the output's {expected}; got {tuple(grad.shape)}")
+    return grad, volume, theta, size, displacement
 
 
 def check_deterministic(value) -> bool | None:

@@ -9,7 +9,7 @@ import torch
 import gridsampler3d as gs
 from gridsampler3d import composite, precision
 from gridsampler3d.bench.runner import plumbed_warp
-from gridsampler3d.sampling import FieldKind, Sampling
+from gridsampler3d.sampling import Field, Sampling
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_IDS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
@@ -93,7 +93,7 @@ def _warp_by_hand(volume, displacement, mode, padding, align_corners, data_forma
     x = volume.permute(0, 4, 1, 2, 3) if channels_last else volume
     field = displacement.permute(0, 4, 1, 2, 3) if displacement_format == "NDHW3" else displacement
     if mode == "bicubic":
-        y = composite.sample(x, field, FieldKind.DISPLACEMENT, Sampling.parse("bicubic", padding, align_corners))
+        y = composite.sample(x, Field.displacement(field), Sampling.parse("bicubic", padding, align_corners))
     else:
         y = plumbed_warp(x, field, mode, padding, align_corners)
     return (y.permute(0, 2, 3, 4, 1) if channels_last else y), x, field

@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..sampling import FieldKind, Sampling
-from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_position, scratch_cells, slab_taps, slot,
+from .block import (borrow, masked_offsets, nearest_cells, row_origin, row_position, scratch_cells, slab_taps, slot,
                     tap_delta, tap_weight, trilinear_cells, unsigned)
-from .coords import GRID, NEAREST, ZEROS
+from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
 from .records import (ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Geometry, Operand, Outputs, Points, RowRanges,
                       coordinate_rule)
@@ -71,12 +71,20 @@ def _part_scratch(scratch, part):
 
 
 class BackwardOperands(NamedTuple):
-    """The operands of a backward launch, each a :class:`.records.Operand`; an output not written is empty."""
+    """The operands of a backward launch, each a :class:`.records.Operand`; an output not written is empty.
+
+    ``matrix`` is an affine field's voxel matrix (N * 12), ``moments`` its gradient's per-row
+    sums (6 per output row: sum_w g and sum_w g * w, per axis x, y, z, of the gradient g with
+    respect to the position; :func:`gridsampler3d.affine.matrix_gradient`); both empty for
+    other fields.
+    """
     grad: Operand
     x: Operand
     grid: Operand
     dx: Operand
     dgrid: Operand
+    matrix: Operand
+    moments: Operand
 
 
 @helper
@@ -154,13 +162,15 @@ class RowPlace(NamedTuple):
 
 class BlockPlace(NamedTuple):
     """Where a block of a row's points starts: in grad, in the field's gradient and in the carried sums; its
-    batch item, and the part's slab z_lo .. z_hi - 1."""
+    batch item, and the part's slab z_lo .. z_hi - 1; its row and its first point's column."""
     grad_at: int
     dfield_at: int
     carry_at: int
     n: int
     z_lo: int
     z_hi: int
+    row: int
+    start: int
 
 
 @functools.cache
@@ -206,7 +216,7 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
     def kernel(operands, geometry, parts, rows, outputs, carry, unresolved_operand, scratch, part):
         # The records, given as plain tuples (:func:`.records.unnamed`), named again.
         ops = BackwardOperands(borrow(operands[0]), borrow(operands[1]), borrow(operands[2]), borrow(operands[3]),
-                               borrow(operands[4]))
+                               borrow(operands[4]), borrow(operands[5]), borrow(operands[6]))
         geometry, outputs = Geometry(*geometry), Outputs(*outputs)
         work = _part_scratch(scratch, part)
         ranges, carried = RowRanges(borrowed(rows[0]), borrowed(rows[1])), Carry(borrowed(carry[0]), carry[1])
@@ -222,9 +232,9 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
             for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
                 points = Points(at.field_at + start * ops.grid.strides[3], ops.grid.strides[3], ops.grid.strides[4],
                                 min(BLOCK, geometry.out_sizes[2] - start))
-                origin = (float(start), float(at.h), float(at.d))
+                origin = row_origin(ops.matrix.array, field_code, n, at.h, at.d, start)
                 place = BlockPlace(at.grad_at + start * ops.grad.strides[4], at.dfield_at + start * ops.dgrid.strides[3],
-                                   (row - planes[2]) * geometry.out_sizes[2] + start, n, at.z_lo, at.z_hi)
+                                   (row - planes[2]) * geometry.out_sizes[2] + start, n, at.z_lo, at.z_hi, row, start)
                 # Each choice below is made by the kernel's constants, so that each kernel
                 # compiles only its own path (docs/cpu.md, "Compilation").
                 if nearest:
@@ -252,7 +262,7 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
                     else:
                         _grid_gradient_separable(points.count, ops.grad, place.grad_at, ops.x, n * ops.x.strides[0],
                                                  geometry.channels, work.cells, work.offsets, work.pairs, sums)
-                    _store_sums(points.count, ops.dgrid, geometry, rule, place, carried, work.cells, sums)
+                    _store_sums(points.count, ops, geometry, rule, place, carried, work.cells, sums)
                 if do_dx and channels_last:
                     _channels_last_scatter(ops, geometry.channels, points.count, place, work)
                 elif do_dx:
@@ -359,12 +369,14 @@ def _start_sums(count, carry, at, sums):
 
 
 @helper
-def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
-    """A block's sums into the carry (where channels after these follow) or, times their multipliers, into dgrid.
+def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
+    """A block's sums into the carry (where channels after these follow) or, times their multipliers, into dgrid
+    (and an affine field's into its moments, :func:`_add_moments`).
 
     With zeros padding the multipliers are the constant slopes (:func:`.coords.source_index`).
     """
     grad_x, grad_y, grad_z = sums
+    dgrid = ops.dgrid
     if carry.mode == CarryMode.FIRST or carry.mode == CarryMode.MIDDLE:
         at, points = place.carry_at, carry.sums.size // 3
         for i in range(count):
@@ -379,6 +391,11 @@ def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
     slope_x, slope_y, slope_z = (1.0, 1.0, 1.0) if rule.field != GRID else (
         (width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
     zeros = rule.padding == ZEROS
+    if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
+        if ops.moments.array.size:
+            _add_moments(count, ops.moments.array, place, zeros, cells, sums)
+        if rule.field == AFFINE or not dgrid.array.size:
+            return
     at, step, component = place.dfield_at, dgrid.strides[3], dgrid.strides[4]
     if rule.field != GRID and step == 1:
         # A displacement's components are three contiguous rows: stored through views,
@@ -398,6 +415,31 @@ def _store_sums(count, dgrid, geometry, rule, place, carry, cells, sums):
         dgrid.array[point] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
         dgrid.array[point + component] = (slope_y if zeros else cells.my[i]) * grad_y[i]
         dgrid.array[point + 2 * component] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
+
+
+@helper
+def _add_moments(count, moments, place, zeros, cells, sums):
+    """An affine field's row moments (:class:`BackwardOperands`) gain this block's points, in order; the row's first
+    block starts them from zero. ``g``, the gradient with respect to the position, is the multiplier (1 with
+    zeros padding) times the sum, as the displacement's gradient stores it."""
+    row = moments[place.row * 6:place.row * 6 + 6]
+    if place.start == 0:
+        row[:] = 0.0
+    grad_x, grad_y, grad_z = sums
+    # In registers over the block, so that the six chains do not wait on memory.
+    sum_x, sum_y, sum_z, moment_x, moment_y, moment_z = row[0], row[1], row[2], row[3], row[4], row[5]
+    for i in range(count):
+        w = float(place.start + i)
+        g_x = (1.0 if zeros else cells.mx[i]) * grad_x[i]
+        g_y = (1.0 if zeros else cells.my[i]) * grad_y[i]
+        g_z = (1.0 if zeros else cells.mz[i]) * grad_z[i]
+        sum_x += g_x
+        sum_y += g_y
+        sum_z += g_z
+        moment_x += g_x * w
+        moment_y += g_y * w
+        moment_z += g_z * w
+    row[0], row[1], row[2], row[3], row[4], row[5] = sum_x, sum_y, sum_z, moment_x, moment_y, moment_z
 
 
 @helper

@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from .backward import zero_planes
-from .block import row_position
-from .coords import GRID, cubic_slope, cubic_weight, pad_tap, unnormalize
+from .block import point_origin, row_origin, row_position
+from .coords import AFFINE, GRID, cubic_slope, cubic_weight, pad_tap, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel, part_rows
 from .records import CoordinateRule, Operand
 
@@ -68,14 +68,25 @@ def _axis_taps(index, size, padding, align_corners, taps, weights, slopes, axis)
 
 
 @helper
-def _point_taps(grid, point, step, sizes, rule, position, taps, weights, slopes):
-    """Fill the taps, weights and slopes of the grid point at ``point``, output point ``position`` (w, h, d);
-    return its multipliers (mx, my, mz)."""
+def _origin(matrix, field, n, d, h, w):
+    """The position (x, y, z) from which output point (n, d, h, w) is displaced (:func:`.block.point_origin`)."""
+    return point_origin(field, row_origin(matrix, field, n, h, d, w), 0)
+
+
+@helper
+def _component(grid, at, field):
+    """The grid (or displacement) value at ``at``; 0 for an affine field without a displacement, which has none."""
+    return 0.0 if field == AFFINE else float(grid[at])
+
+
+@helper
+def _point_taps(grid, point, step, sizes, rule, origin, taps, weights, slopes):
+    """Fill the taps, weights and slopes of the grid point at ``point``, of an output point whose origin (x, y, z)
+    is ``origin`` (:func:`_origin`); return its multipliers (mx, my, mz)."""
     padding, align_corners, field = rule.padding, rule.align_corners, rule.field
-    w, h, d = position
-    ix, mx = unnormalize(float(grid[point]), sizes[2], align_corners, field, float(w))
-    iy, my = unnormalize(float(grid[point + step]), sizes[1], align_corners, field, float(h))
-    iz, mz = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, field, float(d))
+    ix, mx = unnormalize(_component(grid, point, field), sizes[2], align_corners, field, origin[0])
+    iy, my = unnormalize(_component(grid, point + step, field), sizes[1], align_corners, field, origin[1])
+    iz, mz = unnormalize(_component(grid, point + 2 * step, field), sizes[0], align_corners, field, origin[2])
     _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
     _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
@@ -111,10 +122,11 @@ def _tap_sum(x, base, offsets, weights):
 
 
 @part_kernel
-def _forward(x_operand, grid_operand, y_operand, geometry, rule, parts, scratch, part):
+def _forward(x_operand, grid_operand, matrix_array, y_operand, geometry, rule, parts, scratch, part):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3): run ``part`` of ``parts`` runs of
-    output rows, every element written."""
+    output rows, every element written; ``matrix`` an affine field's voxel matrix (N * 12), else empty."""
     rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
+    matrix = borrowed(matrix_array)
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     y, y_strides = borrowed(y_operand[0]), y_operand[1]
@@ -127,7 +139,8 @@ def _forward(x_operand, grid_operand, y_operand, geometry, rule, parts, scratch,
         n, d, h = row_position(row, out_sizes)
         for w in range(out_width):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
-            _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
+            _point_taps(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w), taps,
+                        weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
@@ -166,48 +179,66 @@ def _gradient_sums(grad, out, grad_step, x, base, x_step, channels, offsets, wei
 
 
 @part_kernel
-def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule, parts, scratch, part):
+def _dgrid(grad_operand, x_operand, grid_operand, matrix_array, dgrid_operand, moments_array, geometry, rule, parts,
+           scratch, part):
     """dgrid (N, Do, Ho, Wo, 3) (strides in grid order, as the grid's) of run ``part`` of ``parts`` runs of
-    output rows: the multipliers times :func:`_gradient_sums`."""
+    output rows: the multipliers times :func:`_gradient_sums`. For an affine field (``matrix``), the row's
+    moments too (:class:`.backward.BackwardOperands`), into ``moments`` where not empty; dgrid where not empty."""
     rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     dgrid, dgrid_strides = borrowed(dgrid_operand[0]), dgrid_operand[1]
+    matrix, moments = borrowed(matrix_array), borrowed(moments_array)
     batch, channels, sizes, out_sizes = geometry
     taps, offsets, weights, slopes = _part_scratch(scratch, part)
-    out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
-    rows = batch * out_depth * out_height
+    rows = batch * out_sizes[0] * out_sizes[1]
     for row in range(part * rows // parts, (part + 1) * rows // parts):
         n, d, h = row_position(row, out_sizes)
-        for w in range(out_width):
+        row_moments = moments[row * 6:row * 6 + 6]
+        row_moments[:] = 0.0
+        for w in range(out_sizes[2]):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
-            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
+            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w),
+                                     taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
             gx, gy, gz = _gradient_sums(grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels,
                                         offsets, weights, slopes)
-            target = _first_point(dgrid_strides, n, d, h, w, rule.field)
-            dgrid[target] = mx * gx
-            dgrid[target + dgrid_strides[4]] = my * gy
-            dgrid[target + 2 * dgrid_strides[4]] = mz * gz
+            if row_moments.size:
+                _add_moment(row_moments, float(w), mx * gx, my * gy, mz * gz)
+            if dgrid.size:
+                target = _first_point(dgrid_strides, n, d, h, w, rule.field)
+                dgrid[target] = mx * gx
+                dgrid[target + dgrid_strides[4]] = my * gy
+                dgrid[target + 2 * dgrid_strides[4]] = mz * gz
 
 
 @helper
-def _reaches(grid, point, step, sizes, rule, position, slab, taps, weights, slopes):
+def _add_moment(row_moments, w, g_x, g_y, g_z):
+    """An affine field's row moments gain one point's gradient (g_x, g_y, g_z) at column ``w``."""
+    row_moments[0] += g_x
+    row_moments[1] += g_y
+    row_moments[2] += g_z
+    row_moments[3] += g_x * w
+    row_moments[4] += g_y * w
+    row_moments[5] += g_z * w
+
+
+@helper
+def _reaches(grid, point, step, sizes, rule, origin, slab, taps, weights, slopes):
     """Whether a z tap of the grid point at ``point`` lies in the planes ``slab`` = (z_lo, z_hi); if so, every
     axis's taps, weights and slopes are filled (see :func:`_point_taps`)."""
     padding, align_corners, field = rule.padding, rule.align_corners, rule.field
-    w, h, d = position
-    iz, _ = unnormalize(float(grid[point + 2 * step]), sizes[0], align_corners, field, float(d))
+    iz, _ = unnormalize(_component(grid, point + 2 * step, field), sizes[0], align_corners, field, origin[2])
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
     mine = False
     for k in range(4):
         mine = mine or slab[0] <= taps[8 + k] < slab[1]
     if mine:
-        ix, _ = unnormalize(float(grid[point]), sizes[2], align_corners, field, float(w))
-        iy, _ = unnormalize(float(grid[point + step]), sizes[1], align_corners, field, float(h))
+        ix, _ = unnormalize(_component(grid, point, field), sizes[2], align_corners, field, origin[0])
+        iy, _ = unnormalize(_component(grid, point + step, field), sizes[1], align_corners, field, origin[1])
         _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
         _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     return mine
@@ -236,9 +267,10 @@ def _scatter(grad, out, grad_step, dx, first, dx_strides, channels, sizes, slab,
 
 
 @part_kernel
-def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, part):
+def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, parts, scratch, part):
     """dx (N, C, D, H, W) of planes parts[part, 0] .. parts[part, 1] - 1 (plane = n * D + z), every element written."""
     rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
+    matrix = borrowed(matrix_array)
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     dx, dx_strides = borrowed(dx_operand[0]), dx_operand[1]
@@ -257,17 +289,18 @@ def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, 
             for h in range(out_height):
                 for w in range(out_width):
                     point = _first_point(grid_strides, n, d, h, w, rule.field)
-                    if not _reaches(grid, point, grid_strides[4], sizes, rule, (w, h, d), slab, taps, weights,
-                                    slopes):
+                    if not _reaches(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w),
+                                    slab, taps, weights, slopes):
                         continue
                     out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
                     _scatter(grad, out, grad_strides[1], dx, n * dx_strides[0], dx_strides, channels, sizes, slab,
                              taps, weights)
 
 
-#: ``forward(x, grid, y, geometry, rule, parts)``: see :func:`_forward`.
+#: ``forward(x, grid, matrix, y, geometry, rule, parts)``: see :func:`_forward`.
 forward = Parallel(_forward, _scratch)
-#: ``dgrid(grad, x, grid, dgrid, geometry, rule, parts)``: see :func:`_dgrid`.
+#: ``dgrid(grad, x, grid, matrix, dgrid, moments, geometry, rule, parts)``: see :func:`_dgrid`.
 dgrid = Parallel(_dgrid, _scratch)
-#: ``dx(grad, grid, dx, geometry, rule, parts)``, ``parts`` an int64 (count, 2) array of plane runs: see :func:`_dx`.
+#: ``dx(grad, grid, matrix, dx, geometry, rule, parts)``, ``parts`` an int64 (count, 2) array of plane runs: see
+#: :func:`_dx`.
 dx = Parallel(_dx, _scratch)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import ROUNDER
-from .coords import ZEROS, source_index
+from .coords import AFFINE, AFFINE_DISPLACEMENT, ZEROS, source_index
 from .jit import borrowed, helper, part_rows
-from .records import AXIS_TAPS, Cells, Operand
+from .records import AXIS_TAPS, Cells, Operand, Origin
 from .tuning import BLOCK
 
 
@@ -44,11 +44,15 @@ def borrow(operand):
     return Operand(borrowed(operand[0]), operand[1])
 
 
-@helper
-def row_position(row, out_sizes):
-    """(n, d, h) of output row ``row``, rows numbered n * Do * Ho + d * Ho + h over the output's (Do, Ho, Wo)."""
+def decode_row(row, out_sizes):
+    """(n, d, h) of output row ``row`` (an int or an array of them), rows numbered n * Do * Ho + d * Ho + h over the
+    output's (Do, Ho, Wo)."""
     out_depth, out_height, _ = out_sizes
     return row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
+
+
+#: :func:`decode_row` as the kernels call it.
+row_position = helper(decode_row)
 
 
 @helper
@@ -107,13 +111,36 @@ def grid_coordinates(grid, first, step, component, count, coords):
 
 
 @helper
-def _point(coords, i, sizes, rule, origin_x, origin_y, origin_z):
+def row_origin(matrix, field, n, h, d, start):
+    """The :class:`.records.Origin` of a block of row (n, d, h) from output column ``start``: an affine field's
+    row of its voxel matrix ``matrix`` (N * 12, :func:`gridsampler3d.affine.voxel_matrix`), read only for an
+    affine ``field``."""
+    if field != AFFINE and field != AFFINE_DISPLACEMENT:
+        return Origin(float(start), float(h), float(d), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    m = matrix[n * 12:n * 12 + 12]
+    return Origin(float(start), float(h), float(d), (m[1] * h + m[2] * d) + m[3], (m[5] * h + m[6] * d) + m[7],
+                  (m[9] * h + m[10] * d) + m[11], m[0], m[4], m[8])
+
+
+@helper
+def point_origin(field, origin, i):
+    """The position (x, y, z) in voxels from which point i of the block at ``origin`` is displaced: its own
+    (w, h, d), or an affine field's ``M @ (w, h, d, 1)``, each axis ``M[0] w + ((M[1] h + M[2] d) + M[3])``."""
+    w = origin.w + i
+    if field == AFFINE or field == AFFINE_DISPLACEMENT:
+        return origin.step_x * w + origin.base_x, origin.step_y * w + origin.base_y, origin.step_z * w + origin.base_z
+    return w, origin.h, origin.d
+
+
+@helper
+def _point(coords, i, sizes, rule, origin):
     """(ix, iy, iz, mx, my, mz, resolved) of point i, its grid components in ``coords`` (:func:`grid_coordinates`).
 
-    A field other than a grid (``rule.field``) is in voxels from (origin_x, origin_y, origin_z).
+    A field other than a grid (``rule.field``) is in voxels from the point's origin (:func:`point_origin`).
     """
     depth, height, width = sizes
     _, padding, align_corners, field, forward, exact = rule
+    origin_x, origin_y, origin_z = point_origin(field, origin, i)
     ix, mx, done_x = source_index(coords[i], width, padding, align_corners, forward, exact, field, origin_x)
     iy, my, done_y = source_index(coords[slot(1, i)], height, padding, align_corners, forward, exact, field, origin_y)
     iz, mz, done_z = source_index(coords[slot(2, i)], depth, padding, align_corners, forward, exact, field, origin_z)
@@ -145,9 +172,10 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     ``points`` (:class:`.records.Points`) locates the block's grid values in the flat
-    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates`. For a field
-    other than a grid (``rule.field``) they are a displacement in voxels and point i's identity
-    position is (origin[0] + i, origin[1], origin[2]). Fills, in ``cells`` (:class:`.records.Cells`):
+    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates` (an affine field
+    without a displacement has none). For a field other than a grid (``rule.field``) they are
+    a displacement in voxels from point i's origin (:func:`point_origin` of ``origin``, a
+    :class:`.records.Origin`). Fills, in ``cells`` (:class:`.records.Cells`):
 
     - ``sides[slot(s, i)]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
       PyTorch's weights, low = floor + 1 - index, high = index - floor);
@@ -164,11 +192,11 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
     """
     depth, height, width = sizes
     sides = cells.sides
-    grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
+    if rule.field != AFFINE:
+        grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
     unresolved = 0
     for i in range(points.count):
-        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(cells.coords, i, sizes, rule, origin[0] + i, origin[1],
-                                                          origin[2])
+        ix, iy, iz, mult_x, mult_y, mult_z, done = _point(cells.coords, i, sizes, rule, origin)
         unresolved += 1 - done
         x_low, y_low, z_low = np.floor(ix), np.floor(iy), np.floor(iz)
         sides[i] = x_low + 1.0 - ix
@@ -196,10 +224,11 @@ def nearest_cells(grid, points, sizes, rule, origin, spatial, cells):
     Arguments and result as :func:`trilinear_cells`.
     """
     depth, height, width = sizes
-    grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
+    if rule.field != AFFINE:
+        grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
     unresolved = 0
     for i in range(points.count):
-        ix, iy, iz, _, _, _, done = _point(cells.coords, i, sizes, rule, origin[0] + i, origin[1], origin[2])
+        ix, iy, iz, _, _, _, done = _point(cells.coords, i, sizes, rule, origin)
         unresolved += 1 - done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
         x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,

@@ -18,6 +18,7 @@ from .jit import helper
 BILINEAR, NEAREST = int(Interpolation.BILINEAR), int(Interpolation.NEAREST)
 ZEROS, BORDER, REFLECTION = int(Padding.ZEROS), int(Padding.BORDER), int(Padding.REFLECTION)
 GRID, DISPLACEMENT = int(FieldKind.GRID), int(FieldKind.DISPLACEMENT)
+AFFINE, AFFINE_DISPLACEMENT = int(FieldKind.AFFINE), int(FieldKind.AFFINE_DISPLACEMENT)
 
 # The rules below are helpers (jit.py): LLVM inlines them into each kernel, where they fold
 # with the kernel's compile-time modes; Numba's IR inliner would cost several times the compile time.
@@ -77,7 +78,8 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, field
     """Voxel index and d index / d coord of one coordinate of a field of kind ``field`` along ``size`` voxels.
 
     A grid's coordinate is normalised. Any other field's (a displacement's) is in voxels from
-    ``origin``: the index is ``origin + coord`` and its slope 1, before padding.
+    ``origin``: the index is ``origin + coord`` and its slope 1, before padding; an affine field
+    without a displacement has no ``coord``: its index is ``origin``.
 
     Returns (index, multiplier, resolved); ``resolved`` is 0 only where ``exact`` is
     False and reflection needs the exact remainder (see :func:`reflect_with_grad`), else 1.
@@ -85,7 +87,10 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, field
     padding (clipped to ``size - 1``); the backward lets it fall out of range. Written
     without data-dependent branches, so that loops over points vectorise.
     """
-    if field != GRID:
+    if field == AFFINE:
+        index = origin
+        multiplier = 1.0
+    elif field != GRID:
         index = origin + coord
         multiplier = 1.0
     elif align_corners:
@@ -117,6 +122,8 @@ def source_index(coord, size, padding, align_corners, forward, exact=True, field
 def unnormalize(coord, size, align_corners, field=GRID, origin=0.0):
     """(index, d index / d coord) of a coordinate of a field of kind ``field`` along ``size`` voxels
     (normalised for a grid; else in voxels from ``origin``, see :func:`source_index`)."""
+    if field == AFFINE:
+        return origin, 1.0
     if field != GRID:
         return origin + coord, 1.0
     if align_corners:

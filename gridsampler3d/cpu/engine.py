@@ -19,10 +19,11 @@ import functools
 import numpy as np
 import torch
 
+from ..affine import matrix_gradient, theta_gradient, voxel_matrix
 from ..layout import memory_format_of
 from ..modes import Interpolation
-from ..rounding import HALF_DTYPES
-from ..sampling import Field, FieldKind, Outputs, Sampling
+from ..rounding import HALF_DTYPES, round_once
+from ..sampling import Field, FieldKind, Gradients, Outputs, Sampling
 from . import buffers, pool, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
@@ -66,7 +67,7 @@ def _kernel_strides(field: Field, strides) -> tuple:
     """A field's (or its gradient's) strides as the kernels read them: in point order (n, d, h, w, component); a
     displacement's component stride negated, since the kernels read its x (dx) 2 components above dz."""
     strides = field.point_strides(strides)
-    return strides[:4] + (-strides[4],) if field.kind == FieldKind.DISPLACEMENT else strides
+    return strides[:4] + (-strides[4],) if field.kind.displaced else strides
 
 
 def field_operand(field: Field, tensor: torch.Tensor | None = None) -> Operand:
@@ -74,6 +75,27 @@ def field_operand(field: Field, tensor: torch.Tensor | None = None) -> Operand:
     in the kernels' order (:func:`_kernel_strides`)."""
     flat, strides = _flat(field.tensor if tensor is None else tensor)
     return Operand(flat, _kernel_strides(field, strides))
+
+
+_NO_MATRIX = np.empty(0)
+
+
+def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
+    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.affine.voxel_matrix`);
+    empty for other fields."""
+    if not field.kind.affine:
+        return _NO_MATRIX
+    theta = field.theta.detach().to(dtype=torch.float64).numpy()
+    return np.ascontiguousarray(voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes,
+                                             sampling.align_corners)).reshape(-1)
+
+
+def _field_operands(field: Field, tensor) -> Operand:
+    """The operand the kernels read the field's values from: ``tensor`` (the field's, in the kernels' dtype), or
+    for an affine field without a displacement an empty stand-in of ``tensor``'s dtype, which no kernel reads."""
+    if field.tensor is None:
+        return _empty_operand(tensor.dtype)
+    return field_operand(field, tensor)
 
 
 @functools.cache
@@ -109,11 +131,10 @@ def _joined(out_sizes, rows: int):
     return depth, height // rows, rows * width
 
 
-def _smooth(field: Field, depth: int, sampling: Sampling) -> bool:
+def _smooth(field: Field, depth: int, sampling: Sampling, matrix) -> bool:
     """:func:`.slabs.looks_coherent` of a field from about ``SAMPLED_ROWS`` of its output rows; ``depth`` is the
-    input's."""
-    out_depth, out_height, _ = field.out_sizes
-    return looks_coherent(field, depth, sampling, row_step(field.tensor.shape[0] * out_depth * out_height))
+    input's, ``matrix`` an affine field's voxel matrix."""
+    return looks_coherent(field, depth, sampling, row_step(field.points // field.out_sizes[2]), matrix)
 
 
 def _finite(grad) -> bool:
@@ -132,10 +153,10 @@ def _finite(grad) -> bool:
     return finite_sum or bool(torch.isfinite(values).all())
 
 
-def _facts(call: Call, needed, field: Field, grad) -> tuple:
+def _facts(call: Call, needed, field: Field, grad, matrix) -> tuple:
     """(smooth, grad_finite): the facts about the data named in ``needed`` (:func:`.planner.facts_needed`),
     measured; None where not needed."""
-    smooth = _smooth(field, call.sizes[0], call.sampling) if "smooth" in needed else None
+    smooth = _smooth(field, call.sizes[0], call.sampling, matrix) if "smooth" in needed else None
     return smooth, (_finite(grad) if "grad_finite" in needed else None)
 
 
@@ -158,11 +179,12 @@ def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=Non
     """The planner's description of a call from its NCDHW tensors and records, without the facts about the data
     (``grad`` is given for a backward)."""
     out_sizes = field.out_sizes
-    field_strides = _kernel_strides(field, _dense_strides(field.tensor))
-    joinable = _joinable([field_strides], [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
+    field_strides = [] if field.tensor is None else [_kernel_strides(field, _dense_strides(field.tensor))]
+    joinable = _joinable(field_strides, [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
     return Call(stage=stage, batch=x.shape[0], channels=x.shape[1], sizes=tuple(x.shape[2:]), out_sizes=out_sizes,
                 dtype=str(x.dtype).removeprefix("torch."), sampling=sampling, field=field.kind,
-                outputs=Outputs(*map(bool, outputs)), channels_last=memory_format_of(x) == torch.channels_last_3d,
+                outputs=Outputs(bool(outputs.dx), bool(outputs.dfield or outputs.dtheta), bool(outputs.dtheta)),
+                channels_last=memory_format_of(x) == torch.channels_last_3d,
                 threads=pool.threads(), dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
                 rows_joinable=joinable)
 
@@ -175,11 +197,14 @@ _PLANNED: dict = {}
 _PLANNED_MOST = 512
 
 
-def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs()) -> Plan:
-    """The plan of a call: :func:`describe_call`, the facts its plan reads measured, :func:`.planner.make_plan`."""
-    tensor = field.tensor
-    key = (stage, sampling, field.kind, outputs, pool.threads(), x.shape, x.stride(), x.dtype, tensor.shape,
-           tensor.stride(), tensor.dtype, None if grad is None else (grad.stride(), grad.dtype), tuning.values())
+def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs(),
+              matrix=None) -> Plan:
+    """The plan of a call: :func:`describe_call`, the facts its plan reads measured, :func:`.planner.make_plan`;
+    ``matrix`` is an affine field's voxel matrix (made here where not given)."""
+    tensor = field.theta if field.tensor is None else field.tensor
+    key = (stage, sampling, field.kind, field.out_sizes, outputs, pool.threads(), x.shape, x.stride(), x.dtype,
+           tensor.shape, tensor.stride(), tensor.dtype, None if grad is None else (grad.stride(), grad.dtype),
+           tuning.values())
     planned = _PLANNED.get(key)
     if planned is None:
         call = describe_call(stage, x, field, sampling, grad=grad, outputs=outputs)
@@ -187,7 +212,9 @@ def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, o
             _PLANNED.clear()
         planned = _PLANNED[key] = (call, facts_needed(call), {})
     call, needed, plans = planned
-    facts = _facts(call, needed, field, grad)
+    if "smooth" in needed and matrix is None:
+        matrix = _voxel_matrix(field, x, sampling)
+    facts = _facts(call, needed, field, grad, matrix)
     plan = plans.get(facts)
     if plan is None:
         plan = plans[facts] = make_plan(dataclasses.replace(call, smooth=facts[0], grad_finite=facts[1]))
@@ -214,39 +241,42 @@ class NumbaBackend:
         return device.type == "cpu"
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
-        plan = plan_call(Stage.FORWARD, x, field, sampling)
+        matrix = _voxel_matrix(field, x, sampling)
+        plan = plan_call(Stage.FORWARD, x, field, sampling, matrix=matrix)
         dtype, layout = x.dtype, memory_format_of(x)
         x = _kernel_dtype(x)
         out_sizes = field.out_sizes
         y = buffers.empty(x.shape[:2] + out_sizes, x.dtype, layout)
         k = plan.rows_joined
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
-        run_forward(ForwardWork(plan, operand(x), _join_grid_like(field_operand(field, _kernel_dtype(field.tensor)), k),
-                                _join_out_like(operand(y), k), geometry, sampling, field.kind))
+        values = _field_operands(field, x if field.tensor is None else _kernel_dtype(field.tensor))
+        run_forward(ForwardWork(plan, operand(x), _join_grid_like(values, k), matrix, _join_out_like(operand(y), k),
+                                geometry, sampling, field.kind))
         return _rounded(y, dtype, layout)
 
     def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool):
+                 deterministic: bool) -> Gradients:
         """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
-        plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs)
+        matrix = _voxel_matrix(field, x, sampling)
+        plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs, matrix=matrix)
         if not plan.copies:
-            return _execute_backward(plan, grad, x, field, sampling, outputs)
+            return _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
         # The channels-last kernels on channels-last copies of grad (and x, which only
         # the grid gradient reads), dx copied back: the same bits as the NCDHW kernels.
         grad = transpose.to_channels_last(grad)
         # For dx alone, an unwritten channels-last stand-in in the kernels' dtype.
-        x = (transpose.to_channels_last(x) if outputs.dfield else
+        x = (transpose.to_channels_last(x) if outputs.dfield or outputs.dtheta else
              buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d))
-        dx, dfield = _execute_backward(plan, grad, x, field, sampling, outputs)
+        dx, dfield, dtheta = _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
         del grad, x  # before dx's copy: the copies' peak is then three operands' worth, not four
-        return (transpose.to_contiguous(dx) if outputs.dx else None), dfield
+        return Gradients(transpose.to_contiguous(dx) if outputs.dx else None, dfield, dtheta)
 
 
-def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, outputs: Outputs):
+def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, outputs: Outputs, matrix) -> Gradients:
     """The backward's kernels on the given operands (as they are, or their channels-last copies)."""
     dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_backward)
     grad, x = _kernel_dtype(grad), _kernel_dtype(x)
-    wide_field = _kernel_dtype(field.tensor)
+    wide_field = x if field.tensor is None else _kernel_dtype(field.tensor)
     dfield, dfield_operand = None, _empty_operand(wide_field.dtype)
     if outputs.dfield:
         dfield = buffers.empty(field.tensor.shape, wide_field.dtype, field.gradient_format())
@@ -254,12 +284,24 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
         if sampling.interpolation == Interpolation.NEAREST:
             dfield.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
     dx = buffers.empty(x.shape, x.dtype, layout) if outputs.dx else None
+    rows = field.points // field.out_sizes[2]
+    moments = np.zeros(6 * rows if outputs.dtheta else 0)
     k = plan.rows_joined
     operands = BackwardOperands(grad=_join_out_like(operand(grad), k), x=operand(x),
-                                grid=_join_grid_like(field_operand(field, wide_field), k),
+                                grid=_join_grid_like(_field_operands(field, wide_field), k),
                                 dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
-                                dgrid=_join_grid_like(dfield_operand, k))
+                                dgrid=_join_grid_like(dfield_operand, k), matrix=Operand(matrix, (12,)),
+                                moments=Operand(moments, (6,)))
     geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(field.out_sizes, k))
     run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
     dx = _rounded(dx, dtype, layout) if outputs.dx else None
-    return dx, (_rounded(dfield, dtype, memory_format_of(dfield)) if outputs.dfield else None)
+    dfield = _rounded(dfield, dtype, memory_format_of(dfield)) if outputs.dfield else None
+    return Gradients(dx, dfield, _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta
+                     else None)
+
+
+def _theta_gradient(moments: np.ndarray, field: Field, in_sizes, sampling: Sampling) -> torch.Tensor:
+    """dL/dtheta from the kernels' row moments (:mod:`gridsampler3d.affine`), in theta's dtype, rounded once."""
+    matrix_grad = matrix_gradient(moments, field.theta.shape[0], field.out_sizes)
+    dtheta = theta_gradient(matrix_grad, in_sizes, field.out_sizes, sampling.align_corners)
+    return round_once(torch.from_numpy(np.ascontiguousarray(dtheta)), field.theta.dtype)

@@ -33,10 +33,12 @@ _EVERY_ROW = RowRanges(np.empty(0, np.int64), np.empty(0, np.int64))
 @dataclasses.dataclass(frozen=True)
 class ForwardWork:
     """A forward's plan and operands: x (N, C, D, H, W), the field (its operand in grid order, see
-    :func:`.engine.field_operand`), y (N, C, Do, Ho, Wo); the call's sampling rule and kind of field."""
+    :func:`.engine.field_operand`, and an affine field's voxel matrix (N * 12), else empty), y (N, C, Do, Ho, Wo);
+    the call's sampling rule and kind of field."""
     plan: Plan
     x: Operand
     grid: Operand
+    matrix: np.ndarray
     y: Operand
     geometry: Geometry
     sampling: Sampling
@@ -154,7 +156,7 @@ def _forward_kernel(work: ForwardWork):
 
 def _forward_rows(work: ForwardWork) -> None:
     """Runs of rows that the threads take in turn."""
-    launch(_forward_kernel(work), shared=[(work.x, work.grid, work.y, work.geometry, work.plan.runs)])
+    launch(_forward_kernel(work), shared=[(work.x, work.grid, work.matrix, work.y, work.geometry, work.plan.runs)])
 
 
 def _forward_channel_groups(work: ForwardWork) -> None:
@@ -162,18 +164,21 @@ def _forward_channel_groups(work: ForwardWork) -> None:
     the first group's runs of rows, then the next group's."""
     geometry = work.geometry
     launch(_forward_kernel(work), shared=[
-        (from_channel(work.x, low), work.grid, from_channel(work.y, low), geometry._replace(channels=high - low),
+        (from_channel(work.x, low), work.grid, work.matrix, from_channel(work.y, low),
+         geometry._replace(channels=high - low),
          work.plan.runs) for low, high in channel_groups(geometry.channels, work.plan.channel_group)])
 
 
 def _forward_bicubic(work: ForwardWork) -> None:
     rule = coordinate_rule(work.sampling, work.field, forward=True)
     # Runs of rows that the threads take in turn, as for the trilinear passes by rows.
-    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.y, work.geometry, rule, work.plan.runs)])
+    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.matrix, work.y, work.geometry, rule,
+                                                  work.plan.runs)])
 
 
 def _forward_serial(work: ForwardWork) -> None:
-    run_serial(_forward_kernel(work), (work.x, work.grid, work.y, work.geometry, 1), work.geometry.channels)
+    run_serial(_forward_kernel(work), (work.x, work.grid, work.matrix, work.y, work.geometry, 1),
+               work.geometry.channels)
 
 
 _FORWARD = {Strategy.SERIAL: _forward_serial, Strategy.ROWS: _forward_rows,
@@ -203,7 +208,8 @@ def _slabs(work: BackwardWork, count: int):
         return _whole(work), _EVERY_ROW
     ranges = RowRanges(np.zeros(work.rows, np.int64), np.zeros(work.rows, np.int64))
     geometry = work.geometry
-    depth_ranges(work.operands.grid, geometry, coordinate_rule(work.sampling, work.field), (row_step(work.rows), True),
+    depth_ranges(work.operands.grid, work.operands.matrix.array, geometry, coordinate_rule(work.sampling, work.field),
+                 (row_step(work.rows), True),
                  ranges, count)
     nearest = work.sampling.interpolation == Interpolation.NEAREST
     return plan_slabs(ranges.first, ranges.last, geometry.batch, geometry.sizes[0],
@@ -315,9 +321,11 @@ def _backward_bicubic(work: BackwardWork) -> None:
     if work.plan.dx_pass != DxPass.NONE:
         # Equal runs of planes: every slab walks every point, so the work splits evenly.
         bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
-        bicubic.dx(ops.grad, ops.grid, ops.dx, work.geometry, rule, np.stack([bounds[:-1], bounds[1:]], axis=1))
+        bicubic.dx(ops.grad, ops.grid, ops.matrix.array, ops.dx, work.geometry, rule,
+                   np.stack([bounds[:-1], bounds[1:]], axis=1))
     if work.plan.grid_pass != GridPass.NONE:
-        pool.run_together([], [bicubic.dgrid.launch(ops.grad, ops.x, ops.grid, ops.dgrid, work.geometry, rule,
+        pool.run_together([], [bicubic.dgrid.launch(ops.grad, ops.x, ops.grid, ops.matrix.array, ops.dgrid,
+                                                    ops.moments.array, work.geometry, rule,
                                                     work.plan.runs)])
 
 

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_position, scratch_cells, slot, tap_weight,
-                    trilinear_cells, unsigned)
+from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_origin, row_position, scratch_cells, slot,
+                    tap_weight, trilinear_cells, unsigned)
 from ..sampling import FieldKind, Sampling
 from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
@@ -28,9 +28,10 @@ from .tuning import BLOCK, VECTOR_CHANNELS
 def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool = False, channels_last: bool = False):
     """The forward kernel of one sampling rule and kind of field.
 
-    ``kernel(x, grid, y, geometry, parts, unresolved)`` (:class:`.records.Operand` and
+    ``kernel(x, grid, matrix, y, geometry, parts, unresolved)`` (:class:`.records.Operand` and
     :class:`.records.Geometry` records) fills ``y`` (N, C, Do, Ho, Wo) from ``x`` (N, C,
-    D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3). It is one parallel kernel
+    D, H, W) sampled at ``grid`` (N, Do, Ho, Wo, 3); ``matrix`` (N * 12, float64) is an affine
+    field's voxel matrix (:func:`gridsampler3d.affine.voxel_matrix`), empty for other fields. It is one parallel kernel
     (:class:`.jit.Parallel`) whose ``parts`` parts each fill an equal run of the output
     rows. Every element of ``y`` is written; each sum runs over the taps in PyTorch's
     order in float64 and is rounded once into ``y``.
@@ -45,7 +46,8 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
 
     For a displacement (``field``) ``grid`` is (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels,
     its strides given as (n, d, h, w, -component): dx sits 2 components above dz, read at a
-    negative component step.
+    negative component step. An affine field with a displacement reads it so too, from the
+    affine's position instead of the point's own; one without reads no grid.
 
     With ``channels_last`` (the engine sets it for channels-last data) the kernel runs the
     channel loop innermost where the strides allow; without it the kernel never compiles
@@ -57,8 +59,8 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
     nearest = interpolation == NEAREST
 
     @part_kernel
-    def kernel(x_operand, grid_operand, y_operand, geometry, parts, unresolved_operand, scratch, part):
-        x, grid, y = borrow(x_operand), borrow(grid_operand), borrow(y_operand)
+    def kernel(x_operand, grid_operand, matrix_array, y_operand, geometry, parts, unresolved_operand, scratch, part):
+        x, grid, y, matrix = borrow(x_operand), borrow(grid_operand), borrow(y_operand), borrowed(matrix_array)
         # The records, given as plain tuples (:func:`.records.unnamed`), named again.
         geometry, scratch = Geometry(*geometry), _Scratch(*scratch)
         unresolved = borrowed(unresolved_operand)
@@ -78,7 +80,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
             for start in range(0, out_width, BLOCK):
                 points = Points(first_point + start * grid.strides[3], grid.strides[3], grid.strides[4],
                                 min(BLOCK, out_width - start))
-                origin = (float(start), float(h), float(d))
+                origin = row_origin(matrix, field_code, n, h, d, start)
                 out = first_out + start * y.strides[4]
                 # Chosen by the kernel's constants, so that each kernel compiles only its own path.
                 if nearest:
@@ -107,7 +109,7 @@ class _Scratch(NamedTuple):
     totals: np.ndarray
 
 
-def _scratch(parts: int, x, grid, y, geometry, *rest):
+def _scratch(parts: int, x, grid, matrix, y, geometry, *rest):
     """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no multipliers."""
     return _Scratch(scratch_cells(parts, multipliers=False), part_rows(parts, 8 * BLOCK),
                     part_rows(parts, 8 * BLOCK, np.int64), part_rows(parts, geometry.channels)),

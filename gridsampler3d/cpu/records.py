@@ -24,7 +24,7 @@ import numpy as np
 from ..sampling import FieldKind, Outputs, Sampling
 
 __all__ = ["ALL_TAPS", "AXIS_TAPS", "Carry", "CarryMode", "CoordinateRule", "Geometry", "Operand", "Outputs",
-           "Cells", "Points", "RowRanges", "coordinate_rule", "unnamed"]
+           "Cells", "Origin", "Points", "RowRanges", "coordinate_rule", "unnamed"]
 
 
 class Operand(NamedTuple):
@@ -69,6 +69,20 @@ def coordinate_rule(sampling: Sampling, field: FieldKind, *, forward: bool = Fal
     """The :class:`CoordinateRule` of ``sampling`` and ``field``, in plain Python ints and bools."""
     return CoordinateRule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
                           int(field), bool(forward), bool(exact_remainder))
+
+
+class Origin(NamedTuple):
+    """Where a block of points stands: its first point's output column ``w``, its row's ``h`` and ``d``; for an
+    affine field, its row of the voxel matrix as per-row bases and per-column steps (:func:`.block.row_origin`)."""
+    w: float
+    h: float
+    d: float
+    base_x: float
+    base_y: float
+    base_z: float
+    step_x: float
+    step_y: float
+    step_z: float
 
 
 class Points(NamedTuple):

@@ -19,8 +19,8 @@ import torch
 from ..modes import Interpolation
 from ..rounding import ROUNDER
 from ..sampling import Field, FieldKind, Sampling
-from .block import borrow, row_position
-from .coords import GRID, NEAREST, REFLECTION, source_index, unnormalize
+from .block import borrow, decode_row, point_origin, row_origin, row_position
+from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .records import CoordinateRule, Geometry, RowRanges
 from .tuning import BLOCK
@@ -35,14 +35,16 @@ def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
     ``rule`` (:class:`.records.CoordinateRule`) without the exact remainder; ``origin`` the
-    points' depth, from which a displacement is measured.
+    block's :class:`.records.Origin`, from which a displacement is measured (an affine field
+    without one reads no grid).
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
     which is not taken here: their entries are not to be used.
     """
     unresolved = 0
     for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, rule.padding, rule.align_corners, False, False,
-                                   rule.field, origin)
+        value = 0.0 if rule.field == AFFINE else float(grid[first + i * step])
+        iz, _, done = source_index(value, depth, rule.padding, rule.align_corners, False, False, rule.field,
+                                   point_origin(rule.field, origin, i)[2])
         unresolved += 1 - done
         low = (iz + ROUNDER) - ROUNDER if rule.interpolation == NEAREST else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
@@ -75,7 +77,7 @@ def _unfolded(smallest, largest, depth, rule, origin):
 
 
 @part_kernel
-def _depth_ranges(grid_operand, geometry, rule, visits, rows, parts, part):
+def _depth_ranges(grid_operand, matrix_array, geometry, rule, visits, rows, parts, part):
     """Per row r: the least and greatest lowest-tap depth of its points, into ``rows`` (:class:`.records.RowRanges`).
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h. ``rule`` is the call's
@@ -88,10 +90,11 @@ def _depth_ranges(grid_operand, geometry, rule, visits, rows, parts, part):
     gets every plane as its range (-2 to D): libm's exact remainder is not taken here (its
     code beside the vectorised loop slows that loop), and a wider range only makes fewer
     rows skipped. For a displacement (``rule.field``) the grid is the displacement, strides as for the kernels
-    (:func:`.forward.forward_kernel`): its dz component comes first. This is part
-    ``part`` of ``parts``, equal runs of the visited rows.
+    (:func:`.forward.forward_kernel`): its dz component comes first. An affine field's rows
+    (``matrix``: its voxel matrix) are visited point by point. This is part ``part`` of
+    ``parts``, equal runs of the visited rows.
     """
-    grid = borrow(grid_operand)
+    grid, matrix = borrow(grid_operand), borrowed(matrix_array)
     # The records, given as plain tuples (:func:`.records.unnamed`), named again.
     geometry, ranges = Geometry(*geometry), RowRanges(borrowed(rows[0]), borrowed(rows[1]))
     rule = CoordinateRule(*rule)
@@ -108,13 +111,16 @@ def _depth_ranges(grid_operand, geometry, rule, visits, rows, parts, part):
             first_point += 2 * grid.strides[4]
         if row % row_step != 0 and _range_from_extremes(grid, first_point, geometry, rule, float(d), row, ranges):
             continue
-        _range_point_by_point(grid, first_point, geometry, rule, float(d), row, ranges, lowest)
+        _range_point_by_point(grid, first_point, (matrix, n, h, d), geometry, rule, row, ranges, lowest)
 
 
 @helper
 def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges):
     """A row's range from its extreme z values; False (nothing set) where one is NaN, infinite or huge (where the
-    index rules stop being monotonic) or reflection folds the row."""
+    index rules stop being monotonic) or reflection folds the row, and for an affine field (whose z moves along
+    the row)."""
+    if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
+        return False
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
     smallest, largest = np.inf, -np.inf
     usable = 1
@@ -133,12 +139,15 @@ def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges)
 
 
 @helper
-def _range_point_by_point(grid, first_point, geometry, rule, origin, row, ranges, lowest):
-    """A row's range from each point's lowest depth (every plane where a point needs the exact remainder)."""
+def _range_point_by_point(grid, first_point, place, geometry, rule, row, ranges, lowest):
+    """A row's range from each point's lowest depth (every plane where a point needs the exact remainder);
+    ``place`` is (matrix, n, h, d)."""
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
+    matrix, n, h, d = place
     least, most = np.int64(2**62), -np.int64(2**62)
     for start in range(0, out_width, BLOCK):
         count = min(BLOCK, out_width - start)
+        origin = row_origin(matrix, rule.field, n, h, d, start)
         if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule,
                           origin, lowest):
             least = min(least, -2)
@@ -151,12 +160,12 @@ def _range_point_by_point(grid, first_point, geometry, rule, origin, row, ranges
     ranges.last[row] = most
 
 
-#: ``depth_ranges(grid, geometry, rule, visits, rows, parts)``: :func:`_depth_ranges` with its visited rows in
+#: ``depth_ranges(grid, matrix, geometry, rule, visits, rows, parts)``: :func:`_depth_ranges` with its visited rows in
 #: ``parts`` equal runs, run at once.
 depth_ranges = Parallel(_depth_ranges)
 
 
-def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int) -> bool:
+def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int, matrix=None) -> bool:
     """Whether neighbouring points mostly share their depth: a smooth grid (or displacement), not a random one.
 
     Judged from every ``row_step``-th row, in torch, with no kernel to compile: at most one
@@ -164,18 +173,22 @@ def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int) 
     unnormalised source indices before padding: each padding maps a smooth run of
     indices to a smooth one (a clamp or a fold), and the golden's
     padded index rule took most of the verdict's time (0.4 of 0.6 ms with reflection on a
-    64³ grid). The verdict decides only how the engine splits the work (fused or split
-    passes, channel groups, see :mod:`.planner`); results never
-    depend on it.
+    64³ grid). An affine field's depths come from its voxel matrix ``matrix`` (N, 12). The
+    verdict decides only how the engine splits the work (fused or split passes, channel
+    groups, see :mod:`.planner`); results never depend on it.
     """
-    out_depth, out_height, _ = field.out_sizes
-    tensor = field.tensor
-    row = torch.arange(0, tensor.shape[0] * out_depth * out_height, row_step)
-    n, d, h = row // (out_depth * out_height), (row // out_height) % out_depth, row % out_height
-    if field.kind == FieldKind.DISPLACEMENT:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
-        index = (tensor[n, 0, d, h].double() + d.double().unsqueeze(1)).numpy()
+    out_depth, out_height, out_width = field.out_sizes
+    row = np.arange(0, field.points // out_width, row_step)
+    n, d, h = decode_row(row, field.out_sizes)
+    if field.kind.affine:
+        m = matrix.reshape(-1, 3, 4)[n, 2]
+        index = m[:, :1] * np.arange(out_width) + ((m[:, 1:2] * h[:, None] + m[:, 2:3] * d[:, None]) + m[:, 3:])
+        if field.kind.displaced:
+            index = index + field.tensor[n, 0, d, h].double().numpy()
+    elif field.kind == FieldKind.DISPLACEMENT:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
+        index = field.tensor[n, 0, d, h].double().numpy() + d[:, None]
     else:
-        z = tensor[n, d, h, :, 2].double().numpy()
+        z = field.tensor[n, d, h, :, 2].double().numpy()
         index = (z + 1) * ((depth - 1) / 2) if sampling.align_corners else ((z + 1) * depth - 1) / 2
     nearest = sampling.interpolation == Interpolation.NEAREST
     with np.errstate(invalid="ignore"):  # a non-finite index counts as no jump
