@@ -1,4 +1,5 @@
 """The benchmark runner's summary statistics (the timed suite itself runs through `gridsampler3d bench`)."""
+import json
 import math
 
 import pytest
@@ -52,6 +53,56 @@ def test_bench_writes_a_generated_document_per_thread_count(tmp_path):
     assert "## cpu, 1 thread\n" in text and "## cpu, 2 threads\n" in text
     assert "torch 2." in text and "numba " in text and "- date: 20" in text
     assert text.count("| odd |") == 2 and text.count("| tiny8 |") == 2
+
+
+def test_bench_rewrites_the_readme_speed_table_from_its_run(tmp_path):
+    """``bench --readme FILE``: the block between FILE's speed-table markers becomes the run's table (a column per
+    stage and thread count, the geometric means over every case); the rest of FILE is kept."""
+    from gridsampler3d import bench
+    from gridsampler3d.cli import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- speed-table: old -->\nold table\n<!-- /speed-table -->\n\nafter\n")
+    json_path = tmp_path / "bench.json"
+    argv = ["bench", "--cases", "odd,tiny8", "--repeats", "1", "--scale", "0.3", "--threads", "1,2",
+            "--json", str(json_path), "--readme", str(readme)]
+    assert main(argv) == 0
+    text = readme.read_text()
+    reports = json.loads(json_path.read_text())["reports"]
+    assert text == "# x\n\n" + bench.format_readme_table(reports) + "\n\nafter\n"
+    assert "| case | forward, 1 thread | backward, 1 thread | forward, 2 threads | backward, 2 threads |" in text
+    assert "| tiny8 |" in text and "| odd |" not in text and "the mean of all 2:" in text
+
+
+def test_bench_refuses_a_readme_without_a_speed_table_before_running(tmp_path, capsys):
+    from gridsampler3d.cli import main
+
+    readme = tmp_path / "README.md"
+    readme.write_text("# no table\n")
+    assert main(["bench", "--cases", "tiny8", "--readme", str(readme)]) == 2
+    assert "no speed table" in capsys.readouterr().err and readme.read_text() == "# no table\n"
+
+
+def test_a_benchmarks_document_reads_back_as_its_reports():
+    """``read_document`` gives back what ``format_document`` wrote, as its tables round it."""
+    from gridsampler3d.bench import format_document, read_document
+
+    def result(name, forward, backward):
+        return {"case": {"name": name, "baseline": "torch"},
+                **{stage: {"torch": {"median_s": 2e-3}, "ours": {"median_s": 1e-3}, "ratio": ratio}
+                   for stage, ratio in (("forward", forward), ("backward", backward))}}
+
+    machine = {"date": "2026-12-05T12:34:04+00:00", "cpu": "Intel(R) Xeon(R) Processor", "cores": 2,
+               "platform": "Linux-x", "threads": 2, "device": "cpu",
+               "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "numba": "0.68.1", "numpy": "2.4.6",
+                            "gridsampler3d": "0.1.0"}}
+    report = {"machine": machine, "repeats": 5, "results": [result("reg128", 3.281, 1.914)],
+              "summary": {"forward": {"geomean_ratio": 3.281}, "backward": {"geomean_ratio": 1.914}}}
+    (read,) = read_document(format_document([report], "gridsampler3d bench"))
+    assert read["machine"] == {key: value for key, value in machine.items()}
+    assert read["results"][0]["case"]["name"] == "reg128" and read["results"][0]["forward"]["ratio"] == 3.28
+    assert read["results"][0]["backward"]["ours"]["median_s"] == pytest.approx(1e-3)
+    assert read["summary"] == {"forward": {"geomean_ratio": 3.28}, "backward": {"geomean_ratio": 1.91}}
 
 
 def test_bench_refuses_a_bad_thread_list(capsys):

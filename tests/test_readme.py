@@ -99,6 +99,19 @@ def test_python_examples_run_in_order_and_print_what_the_readme_shows():
         _run(example, namespace)
 
 
+def test_the_explain_example_shows_the_plan_it_returns():
+    """``gs.explain`` returns a plan record (it prints nothing); the README shows its ``str()``, one line, exactly."""
+    from gridsampler3d.cpu.planner import Plan
+
+    namespace = {}
+    example = next(example for example in PYTHON_EXAMPLES if "gs.explain(" in example.code)
+    for earlier in PYTHON_EXAMPLES[:PYTHON_EXAMPLES.index(example) + 1]:
+        _run(earlier, namespace)
+    plan = namespace["plan"]
+    assert isinstance(plan, Plan) and "\n" not in str(plan)
+    assert example.output is not None and example.output.strip() == str(plan)
+
+
 @pytest.mark.parametrize("example", ONNX_EXAMPLES, ids=lambda example: f"line-{example.line}")
 def test_onnx_example_runs(example, tmp_path, monkeypatch):
     """The "Deploy with ONNX" example, on its own, in a scratch directory (it writes warp.onnx)."""

@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -17,7 +18,8 @@ from ..modes import parse_interpolation, parse_padding
 from ..torch_ops import Warp3d
 from .suite import BenchCase, build_inputs, select_cases
 
-__all__ = ["run_suite", "machine_info", "write_plot", "format_table"]
+__all__ = ["run_suite", "machine_info", "write_plot", "format_table", "format_document", "read_document",
+           "README_CASES", "format_readme_table", "replace_readme_table"]
 
 
 def _synchronize(device: str) -> None:
@@ -301,7 +303,8 @@ def _markdown_rows(results) -> list[str]:
 
 
 def format_table(report: dict) -> str:
-    """The report as Markdown tables (for the README): cases against PyTorch, then bicubic against bilinear."""
+    """The report as Markdown tables (``--markdown``, BENCHMARKS.md): cases against PyTorch, then bicubic against
+    bilinear, then the warp step."""
     against_torch = [r for r in report["results"] if r["case"]["baseline"] == "torch"]
     bicubic = [r for r in report["results"] if r["case"]["baseline"] == "bilinear"]
     warps = [r for r in report["results"] if r["case"]["baseline"] == "plumbing"]
@@ -394,3 +397,101 @@ def format_document(reports: list, command: str) -> str:
             lines += [f"- {name}: {plan['forward']}; {plan['backward']}" for name, plan in plans]
             lines.append("")
     return "\n".join(lines)
+
+
+def read_document(text: str) -> list[dict]:
+    """The reports of a document :func:`format_document` wrote (BENCHMARKS.md), as far as it holds them.
+
+    Each report has its ``machine`` (date, cpu, cores, platform, GPU where named, device,
+    threads, versions), the ``results`` of its cases against PyTorch (name, baseline,
+    each stage's times and ratio, rounded as the table prints them) and the ``summary``'s
+    geometric means, read from the table's last row.
+    """
+    header, *sections = re.split(r"^## ", text, flags=re.MULTILINE)
+    fields = dict(re.findall(r"^- (\w+): (.*)$", header, flags=re.MULTILINE))
+    place = re.fullmatch(r"(?P<cpu>.+), (?P<cores>\d+) cores \((?P<platform>.*)\)(?:, GPU (?P<gpu>.+))?",
+                         fields["machine"])
+    versions = {name.lower(): version for name, version in re.findall(r"([\w.]+) (\S+?)(?:,|$)", fields["versions"])}
+    machine = {"date": fields["date"], "cpu": place["cpu"], "cores": int(place["cores"]),
+               "platform": place["platform"], "versions": versions}
+    if place["gpu"]:
+        machine["gpu"] = place["gpu"]
+    reports = []
+    for section in sections:
+        title = re.match(r"(\S+), (\d+) threads?\n", section)
+        results, summary = [], {}
+        for row in re.findall(r"^\| (.+) \|$", section.split("\n\n| bicubic case", 1)[0], flags=re.MULTILINE):
+            cells = [cell.strip() for cell in row.split("|")]
+            if len(cells) != 7 or cells[0] == "case" or cells[1].startswith("---"):
+                continue
+            if cells[0] == "geometric mean":
+                summary = {"forward": {"geomean_ratio": float(cells[3].rstrip("x"))},
+                           "backward": {"geomean_ratio": float(cells[6].rstrip("x"))}}
+                break
+            result = {"case": {"name": cells[0], "baseline": "torch"}}
+            for stage, (theirs, ours, ratio) in (("forward", cells[1:4]), ("backward", cells[4:7])):
+                result[stage] = {"torch": {"median_s": float(theirs.removesuffix(" ms")) / 1e3},
+                                 "ours": {"median_s": float(ours.removesuffix(" ms")) / 1e3},
+                                 "ratio": float(ratio.rstrip("x"))}
+            results.append(result)
+        reports.append({"machine": dict(machine, device=title[1], threads=int(title[2])), "results": results,
+                        "summary": summary})
+    return reports
+
+
+# The cases the README's speed table shows (the geometric means take in every case against PyTorch).
+README_CASES = ("reg128", "feat48", "rand64", "cl64", "bf16", "fp64", "crops8", "mri", "down4cl", "tiny8")
+README_TABLE_OPEN = ("<!-- speed-table: written by `gridsampler3d bench ... --readme README.md` from the run it "
+                     "times; not edited by hand -->")
+README_TABLE_CLOSE = "<!-- /speed-table -->"
+
+
+def _short_cpu(name: str) -> str:
+    """A CPU's model name without its marks and filler words: "Intel(R) Xeon(R) Processor" -> "Intel Xeon"."""
+    name = re.sub(r"\((?:R|TM|tm)\)|\bCPU\b|\bProcessor\b|@.*$", " ", name)
+    return " ".join(name.split())
+
+
+def format_readme_table(reports: list, cases=README_CASES) -> str:
+    """The README's speed table from one run's reports (one per thread count), between its two markers.
+
+    A line naming the machine, torch's version and the date; then ``cases`` (those the
+    run timed, in its order) with each report's forward and backward ratio, and the
+    geometric mean of each column over every case timed against PyTorch.
+    """
+    machine = reports[0]["machine"]
+    against_torch = [[result for result in report["results"] if result["case"]["baseline"] == "torch"]
+                     for report in reports]
+    if not against_torch[0]:
+        raise ValueError("the speed table needs cases timed against PyTorch; the run has none")
+    torch_version = machine["versions"]["torch"].split("+")[0]
+    where = _short_cpu(machine["cpu"]) + f", {machine['cores']} cores" + (
+        f", {machine['gpu']}" if "gpu" in machine else "")
+    columns = []
+    for report in reports:
+        threads = report["machine"]["threads"]
+        on = (f"{threads} thread{'s' * (threads > 1)}" if report["machine"]["device"] == "cpu"
+              else report["machine"]["device"])
+        columns += [f"forward, {on}", f"backward, {on}"]
+    lines = [README_TABLE_OPEN,
+             f"PyTorch's time / ours ({where}, torch {torch_version}, {machine['date'][:10]}): some cases, "
+             f"and the mean of all {len(against_torch[0])}:", "",
+             "| case | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
+    by_name = [{result["case"]["name"]: result for result in results} for results in against_torch]
+    for name in (result["case"]["name"] for result in against_torch[0] if result["case"]["name"] in cases):
+        ratios = [results[name][stage]["ratio"] for results in by_name for stage in ("forward", "backward")]
+        lines.append(f"| {name} | " + " | ".join(f"{ratio:.2f}x" for ratio in ratios) + " |")
+    means = [report["summary"][stage]["geomean_ratio"] for report in reports for stage in ("forward", "backward")]
+    lines += ["| geometric mean | " + " | ".join(f"{mean:.2f}x" for mean in means) + " |", README_TABLE_CLOSE]
+    return "\n".join(lines)
+
+
+def replace_readme_table(text: str, table: str) -> str:
+    """``text`` (a README) with its speed table, from the opening marker's line to the closing marker, replaced by
+    ``table`` (:func:`format_readme_table`); ValueError where it has no such markers."""
+    pattern = re.compile(r"^<!-- speed-table[^\n]*-->\n.*?^" + re.escape(README_TABLE_CLOSE) + r"$",
+                         flags=re.MULTILINE | re.DOTALL)
+    if len(pattern.findall(text)) != 1:
+        raise ValueError(f"no speed table to replace: one block from a line starting '<!-- speed-table' to a line "
+                         f"'{README_TABLE_CLOSE}' is needed")
+    return pattern.sub(lambda _: table, text)

@@ -24,6 +24,8 @@ def add_command(commands) -> None:
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     bench.add_argument("--out", help="write a Markdown document of the run (machine, versions, date, a table per "
                                      "thread count), as BENCHMARKS.md is written")
+    bench.add_argument("--readme", help="rewrite the speed table of this README (the block between its "
+                                        "'<!-- speed-table' and '<!-- /speed-table -->' lines) from the run")
     bench.add_argument("--explain", action="store_true",
                        help="print each case's plan (the CPU engine's strategy and its parameters) under its times")
     bench.set_defaults(handler=_bench)
@@ -48,6 +50,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     counts = _thread_counts(args.threads)
     require_device(args.device)
+    if args.readme:
+        _rewrite_readme(Path(args.readme), None)  # checked before the run, written after it
     reports = []
     for threads in counts:
         try:
@@ -73,4 +77,24 @@ def _bench(args: argparse.Namespace) -> int:
         except OSError as error:
             raise CliError(f"--out: cannot write {args.out} ({error})") from None
         print(f"wrote {args.out}")
+    if args.readme:
+        try:
+            table = bench.format_readme_table(reports)
+        except ValueError as error:
+            raise CliError(f"--readme: {error}") from None
+        _rewrite_readme(Path(args.readme), table)
+        print(f"wrote the speed table of {args.readme}")
     return 0
+
+
+def _rewrite_readme(path: Path, table: str | None) -> None:
+    """``--readme``: the speed table of the README at ``path`` replaced by ``table`` (None: only check that it has
+    one to replace)."""
+    from .. import bench
+
+    try:
+        text = bench.replace_readme_table(path.read_text(), table or "")
+        if table is not None:
+            path.write_text(text)
+    except (OSError, ValueError) as error:
+        raise CliError(f"--readme: cannot rewrite {path} ({error})") from None

@@ -127,8 +127,8 @@ class _LinkOnlyLibrary(JITCodeLibrary):
     Numba finalises every function it compiles: it optimises the function's module once
     more as a whole and emits its machine code. A helper runs only inside the kernels that
     call it, and each kernel links the helper's IR in and optimises and emits the whole, so
-    for a helper both steps were spent for nothing (0.4 s and 0.5 s of the 6.2 s that
-    benchmarks/first_call.py took with an empty cache). The helper's module keeps its
+    for a helper both steps were spent for nothing (measured in CHANGELOG.md, 2026-12-04;
+    the first call's time: docs/cpu.md, "Compilation"). The helper's module keeps its
     function-level optimisation; only its environment global goes to the execution engine.
     The disk cache keeps the helper's IR (Numba's cache keeps machine code), so a process
     that compiles a new mode's kernel still loads the helpers compiled before.

@@ -39,7 +39,7 @@ class Stage(enum.Enum):
 
 class Strategy(enum.Enum):
     """How a call's work is split into kernel launches."""
-    SERIAL = "serial"  # a small call: one walk over the points on the calling thread, nothing measured or handed off
+    SERIAL = "serial"  # a small call: one walk over the points on the calling thread, no smoothness verdict, no hand-off
     ROWS = "rows"  # forward: runs of output rows, taken by whichever thread is free
     CHANNEL_GROUPS = "channel groups"  # forward of a random grid: a cache's worth of channel planes at a time
     FUSED = "fused"  # backward: one walk over the points computes dx and the grid gradient
@@ -218,8 +218,9 @@ def _small(call: Call) -> bool:
 def _serial_plan(call: Call) -> Plan:
     """A small call's plan: one part on the calling thread walks the points once for every output asked for.
 
-    No fact about the data is read (the choices it would inform pay only when the planes
-    outgrow the caches or several threads share the work), and the executor keeps its
+    The smoothness verdict is not read (the choices it informs pay only when the planes
+    outgrow the caches or several threads share the work); grad's finiteness is, where
+    the grid gradient's form depends on it (:func:`facts_needed`). The executor keeps its
     scratch between calls.
     """
     backward = call.stage == Stage.BACKWARD

@@ -12,7 +12,7 @@ VECTOR_CHANNELS = 4
 BLOCK = 128
 
 # Output rows shorter than a block are walked several at a time, as one row of at most
-# this many points, where the strides allow (engine._long_rows): the blocks fill and
+# this many points, where the strides allow (planner._rows_joined): the blocks fill and
 # the channel loops run once per block, not once per short row (one thread, 64-wide
 # rows in pairs: forward 0.86 to 0.92 of the time, backward 0.78 (near64) to 0.97).
 LONG_ROW_POINTS = 1024
@@ -56,7 +56,7 @@ FUSED_CHANNELS = 8
 
 # A bilinear backward of dense NCDHW float32 data with at least COPIED_CHANNELS channels
 # (half data: COPIED_HALF_CHANNELS), on a smooth grid, runs the channels-last kernels on
-# channels-last copies of grad and x and copies dx back (engine._copies_pay): each tap's
+# channels-last copies of grad and x and copies dx back (planner._copies_pay): each tap's
 # channels are then one vector load and one vector read-modify-write of dx, where NCDHW
 # loads and adds them one by one (docs/cpu.md, "Channels-last copies"). Copies against
 # none, 64³ affine grid, 1 and 2 threads: float32 with 4, 8, 12 and 16 channels 1.67 /
