@@ -334,13 +334,16 @@ def affine_warp3d_backward(grad, volume, theta, size=None, displacement=None, in
 
 
 def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-            output_mask=(True, True), data_format="NCDHW", field_kind="grid", device=None, deterministic=None):
+            output_mask=(True, True), data_format="NCDHW", field_kind="grid", device=None, deterministic=None,
+            size=None, displacement=None):
     """The plan an engine makes for a call, made as the call would make it, without running any kernel.
 
     With ``grad`` the plan is the backward's (:func:`grid_sampler3d_backward`), else the
-    forward's (:func:`grid_sampler3d`). ``field`` is the grid (N, Do, Ho, Wo, 3) or, with
+    forward's (:func:`grid_sampler3d`). ``field`` is the grid (N, Do, Ho, Wo, 3); with
     ``field_kind="displacement"``, the fused warp's displacement (N, 3, D, H, W)
-    (:func:`warp3d`).
+    (:func:`warp3d`); with ``field_kind="affine"``, theta (N, 3, 4), with ``size`` and an
+    optional ``displacement`` (N, 3, Do, Ho, Wo) (:func:`affine_warp3d`; ``output_mask`` is
+    then (dvolume, dtheta, ddisplacement)).
 
     CPU tensors get the CPU engine's plan (:mod:`gridsampler3d.cpu.planner`): it depends on
     the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where it
@@ -350,26 +353,16 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
     strides, dtype, modes, outputs, ``deterministic`` (None: torch's flag) and the GPU's
     compute capability (sm_90 where there is no GPU).
 
-    Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`).
+    Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`, :func:`affine_warp3d_backward`).
 
     Returns:
         A frozen plan record; ``str(plan)`` reads as one line.
     """
     sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
     data_format = parse_data_format(data_format)
-    outputs = Outputs(*parse_output_mask(output_mask))
     kind = _parse_field_kind(field_kind)
-    if kind == FieldKind.DISPLACEMENT:
-        checked = check_warp(input, field, data_format, DisplacementFormat.N3DHW) if grad is None else \
-            check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
-    else:
-        checked = check_forward(input, field, data_format) if grad is None else \
-            check_backward(grad, input, field, data_format)
-    grad, input, field_tensor = (None, *checked) if grad is None else checked
-    x = to_ncdhw(input, data_format)
-    grad = None if grad is None else to_ncdhw(grad, data_format)
+    grad, x, field, outputs = _explained_call(kind, input, field, grad, output_mask, data_format, size, displacement)
     device = torch.device(device) if device is not None else x.device
-    field = Field(kind, field_tensor)
     if device.type == "cuda":
         from .gpu.engine import plan_call as plan_gpu_call
 
@@ -386,11 +379,38 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
     return plan_call(stage, x, field, sampling, grad=grad, outputs=outputs)
 
 
+def _explained_call(kind: FieldKind, input, field, grad, output_mask, data_format, size, displacement):
+    """(grad, x, the :class:`.sampling.Field`, the outputs asked for) of a call :func:`explain` describes, checked as
+    the call checks them; grad and x in logical NCDHW order, grad None for a forward."""
+    if kind.affine:
+        mask = parse_output_mask(output_mask if len(tuple(output_mask)) == 3 else (*output_mask, True),
+                                 "dvolume, dtheta, ddisplacement")
+        if grad is None:
+            input, field, size, displacement = check_affine(input, field, size, displacement, data_format,
+                                                            DisplacementFormat.N3DHW)
+        else:
+            grad, input, field, size, displacement = check_affine_backward(grad, input, field, size, displacement,
+                                                                           data_format, DisplacementFormat.N3DHW)
+        outputs, checked = Outputs(mask[0], mask[2], mask[1]), Field.affine(field, size, displacement)
+    else:
+        outputs = Outputs(*parse_output_mask(output_mask))
+        if kind == FieldKind.DISPLACEMENT:
+            checked = check_warp(input, field, data_format, DisplacementFormat.N3DHW) if grad is None else \
+                check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+        else:
+            checked = check_forward(input, field, data_format) if grad is None else \
+                check_backward(grad, input, field, data_format)
+        grad, input, field_tensor = (None, *checked) if grad is None else checked
+        checked = Field(kind, field_tensor)
+    return (None if grad is None else to_ncdhw(grad, data_format)), to_ncdhw(input, data_format), checked, outputs
+
+
 def _parse_field_kind(value) -> FieldKind:
-    """"grid" or "displacement" (or a :class:`.sampling.FieldKind`) -> FieldKind."""
+    """"grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
+    field with a displacement too)."""
     if isinstance(value, FieldKind):
         return value
-    names = {kind.name.lower(): kind for kind in FieldKind}
+    names = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
     if not isinstance(value, str) or value.strip().lower() not in names:
         raise ValueError(f"field_kind must be one of {', '.join(map(repr, names))}; got {value!r}")
     return names[value.strip().lower()]

@@ -1,6 +1,7 @@
 """Time the suite against PyTorch in the same process; write a table, JSON and a plot."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, api
+from .. import __version__, affine, api
 from ..modes import parse_interpolation, parse_padding
+from ..torch_affine import affine_warp
 from ..torch_ops import Warp3d
 from .suite import BenchCase, build_inputs, select_cases
 
@@ -176,11 +178,59 @@ def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -
     return result
 
 
+def _bench_affine_case(case: BenchCase, device: str, repeats: int, scale: float) -> dict:
+    """The affine field against ``F.affine_grid`` + ``F.grid_sample``: the forward (no gradient), and a registration
+    step: the MSE to a fixed image, its gradient to theta (and to the displacement, where the case has one)."""
+    (grad, volume, theta), _ = build_inputs(case, device, scale)
+    theta = theta.to(volume.dtype)
+    size = tuple(grad.shape[2:])
+    displacement = None
+    if case.grid_kind == "theta+displacement":
+        displacement = build_inputs(dataclasses.replace(case, grid_kind="displacement"), device, scale)[0][2]
+    fixed = grad  # a fixed image of the output's shape
+
+    def explicit(v, t, d):
+        grid = affine.explicit_grid(t, size, case.align_corners, tuple(v.shape[2:]), d)
+        return torch.nn.functional.grid_sample(v, grid, case.mode, case.padding, case.align_corners)
+
+    def fused(v, t, d):
+        return affine_warp(v, t, size, displacement=d, mode=case.mode, padding_mode=case.padding,
+                           align_corners=case.align_corners)
+
+    leaves = [theta.clone().requires_grad_()] + ([] if displacement is None else [displacement.clone().requires_grad_()])
+
+    def step(function):
+        def run():
+            output = function(volume, leaves[0], leaves[1] if len(leaves) > 1 else None)
+            return torch.autograd.grad(torch.nn.functional.mse_loss(output, fixed), leaves)
+        return run
+
+    def forward(function):
+        def run():
+            with torch.no_grad():
+                return function(volume, theta, displacement)
+        return run
+
+    result = {"case": case.describe(), "in_size": volume.shape[2]}
+    for stage, make in (("forward", forward), ("step", step)):
+        torch_time = time_call(make(explicit), device, repeats=repeats)
+        our_time = time_call(make(fused), device, repeats=repeats)
+        result[stage] = {"torch": torch_time, "ours": our_time, "ratio": torch_time["median_s"] / our_time["median_s"]}
+    result["backward"] = result["step"]
+    if device == "cpu":
+        result["step"]["peak_bytes"] = {"torch": peak_memory(step(explicit)), "ours": peak_memory(step(fused))}
+    return result
+
+
 def _plans(case: BenchCase, device: str, scale: float) -> dict:
     """The engine's plan for the case's forward and backward on ``device`` (:func:`gridsampler3d.explain`), as text."""
     (grad, x, field), _ = build_inputs(case, device, scale)
+    if case.baseline == "affine":
+        field, kind = field.to(x.dtype), "affine"
+    else:
+        kind = "displacement" if case.baseline == "plumbing" else "grid"
     attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                      data_format=case.layout, field_kind="displacement" if case.baseline == "plumbing" else "grid")
+                      data_format=case.layout, field_kind=kind)
     return {"forward": str(api.explain(x, field, **attributes)),
             "backward": str(api.explain(x, field, grad, **attributes))}
 
@@ -188,6 +238,8 @@ def _plans(case: BenchCase, device: str, scale: float) -> dict:
 def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale: float) -> dict:
     if case.baseline == "plumbing":
         return _bench_warp_case(case, device, repeats, scale)
+    if case.baseline == "affine":
+        return _bench_affine_case(case, device, repeats, scale)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, device, scale)
     codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
     attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
@@ -252,7 +304,7 @@ def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None,
              f"backward {summary['backward']['geomean_ratio']:.2f}x "
              f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)")
     for result in results:
-        if result["case"]["baseline"] == "plumbing":
+        if result["case"]["baseline"] in ("plumbing", "affine"):
             echo(format_step(result))
     if any(r["case"]["baseline"] == "bilinear" for r in results):
         echo("bicubic rows: the 'torch' columns time this library's bilinear on the same inputs; "
@@ -267,11 +319,15 @@ def format_header() -> str:
 
 
 def format_step(result: dict) -> str:
-    """The warp step's line: forward + backward to both inputs, and its peak memory, PyTorch's against ours."""
+    """A step's line (the warp's: forward + backward to both inputs; the affine field's: the MSE's gradient to theta
+    and any displacement), and its peak memory, PyTorch's against ours."""
     step = result["step"]
     peaks = step.get("peak_bytes", {})
-    return (f"{result['case']['name']} step (Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + "
-            f"backward to volume and displacement): {step['torch']['median_s'] * 1e3:.1f} ms / "
+    what = ("Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + backward to volume and displacement"
+            if result["case"]["baseline"] == "plumbing" else
+            "affine_warp against F.affine_grid + F.grid_sample, MSE to a fixed image, gradient to theta"
+            + (" and displacement" if "displacement" in result["case"]["grid_kind"] else ""))
+    return (f"{result['case']['name']} step ({what}): {step['torch']['median_s'] * 1e3:.1f} ms / "
             f"{step['ours']['median_s'] * 1e3:.1f} ms = {step['ratio']:.2f}x; peak memory "
             f"{_megabytes(peaks.get('torch'))} MB / {_megabytes(peaks.get('ours'))} MB")
 
@@ -284,7 +340,8 @@ def format_row(result: dict) -> str:
     forward, backward = result["forward"], result["backward"]
     peaks = backward.get("peak_bytes", {})
     peak = f"{_megabytes(peaks.get('torch'))}/{_megabytes(peaks.get('ours'))}"
-    marker = {"torch": "", "bilinear": "  (vs our bilinear)", "plumbing": "  (Warp3d vs plumbing + grid_sample)"}[
+    marker = {"torch": "", "bilinear": "  (vs our bilinear)", "plumbing": "  (Warp3d vs plumbing + grid_sample)",
+              "affine": "  (affine_warp vs affine_grid + grid_sample; backward: the step)"}[
         result["case"]["baseline"]]
     return (f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
             f"{forward['ours']['median_s'] * 1e3:7.1f}ms {forward['ratio']:5.2f}x  "
@@ -304,7 +361,7 @@ def _markdown_rows(results) -> list[str]:
 
 def format_table(report: dict) -> str:
     """The report as Markdown tables (``--markdown``, BENCHMARKS.md): cases against PyTorch, then bicubic against
-    bilinear, then the warp step."""
+    bilinear, then the warp step, then the affine field."""
     against_torch = [r for r in report["results"] if r["case"]["baseline"] == "torch"]
     bicubic = [r for r in report["results"] if r["case"]["baseline"] == "bilinear"]
     warps = [r for r in report["results"] if r["case"]["baseline"] == "plumbing"]
@@ -331,6 +388,19 @@ def format_table(report: dict) -> str:
             lines.append(f"{row} {step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms"
                          f" | {step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / "
                          f"{_megabytes(peaks.get('ours'))} |")
+    affines = [r for r in report["results"] if r["case"]["baseline"] == "affine"]
+    if affines:
+        lines += ["" if lines else None,
+                  "| affine case | forward affine_grid + grid_sample | forward affine_warp | ratio "
+                  "| step PyTorch | step affine_warp | ratio | step peak MB PyTorch / ours |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for result in affines:
+            forward, step = result["forward"], result["step"]
+            peaks = step.get("peak_bytes", {})
+            lines.append(f"| {result['case']['name']} | {forward['torch']['median_s'] * 1e3:.1f} ms | "
+                         f"{forward['ours']['median_s'] * 1e3:.1f} ms | {forward['ratio']:.2f}x | "
+                         f"{step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms | "
+                         f"{step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / {_megabytes(peaks.get('ours'))} |")
     return "\n".join(line for line in lines if line is not None)
 
 

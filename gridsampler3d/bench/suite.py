@@ -8,7 +8,8 @@ import torch
 
 from .. import inputs
 
-__all__ = ["BenchCase", "SUITE", "WARP_SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs"]
+__all__ = ["BenchCase", "SUITE", "WARP_SUITE", "AFFINE_SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs",
+           "affine_theta"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class BenchCase:
     in_size: int | tuple
     out_size: int | tuple
     # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped) |
-    # displacement (a smooth field of a few voxels, for the fused warp: no grid)
+    # displacement (a smooth field of a few voxels, for the fused warp: no grid) |
+    # theta (an affine theta, for the affine field: no grid) | theta+displacement (and a displacement)
     grid_kind: str
     mode: str
     padding: str
@@ -30,8 +32,9 @@ class BenchCase:
     layout: str  # NCDHW | NDHWC
     # What the case is timed against: PyTorch's op; or (for bicubic, which PyTorch lacks
     # in 3-D) this library's own bilinear sampling on the same inputs; or (for the fused
-    # warp) PyTorch's registration step: grid plumbing plus F.grid_sample, under autograd.
-    baseline: str = "torch"  # torch | bilinear | plumbing
+    # warp) PyTorch's registration step: grid plumbing plus F.grid_sample, under autograd;
+    # or (for the affine field) F.affine_grid plus F.grid_sample, under autograd.
+    baseline: str = "torch"  # torch | bilinear | plumbing | affine
 
     def describe(self) -> dict:
         return asdict(self)
@@ -71,6 +74,15 @@ SUITE = (
 WARP_SUITE = (
     BenchCase("warp128", 1, 1, 128, 128, "displacement", "bilinear", "border", True, "float32", "NCDHW", "plumbing"),
 )
+# The affine field against F.affine_grid + F.grid_sample: an MRI volume's forward on one thread, a 128³ affine
+# registration step (theta requires grad, MSE to a fixed image), and the same with a displacement too.
+AFFINE_SUITE = (
+    BenchCase("affmri", 1, 1, (160, 192, 224), (160, 192, 224), "theta", "bilinear", "border", False, "float32",
+              "NCDHW", "affine"),
+    BenchCase("affreg128", 1, 1, 128, 128, "theta", "bilinear", "zeros", False, "float32", "NCDHW", "affine"),
+    BenchCase("affdisp128", 1, 1, 128, 128, "theta+displacement", "bilinear", "border", False, "float32", "NCDHW",
+              "affine"),
+)
 # Tricubic sampling against this library's bilinear at equal size (64 taps against 8).
 BICUBIC_SUITE = (
     BenchCase("cubic64", 1, 4, 64, 64, "warp", "bicubic", "zeros", False, "float32", "NCDHW", "bilinear"),
@@ -79,13 +91,13 @@ BICUBIC_SUITE = (
 
 
 def select_cases(names=None) -> list[BenchCase]:
-    """The suite (PyTorch cases, the warp step, then bicubic ones), or the cases named (a list or a
-    comma-separated string)."""
+    """The suite (PyTorch cases, the warp step, the affine field, then bicubic ones), or the cases named (a list or
+    a comma-separated string)."""
     if not names:
-        return list(SUITE + WARP_SUITE + BICUBIC_SUITE)
+        return list(SUITE + WARP_SUITE + AFFINE_SUITE + BICUBIC_SUITE)
     if isinstance(names, str):
         names = [name.strip() for name in names.split(",") if name.strip()]
-    by_name = {case.name: case for case in SUITE + WARP_SUITE + BICUBIC_SUITE}
+    by_name = {case.name: case for case in SUITE + WARP_SUITE + AFFINE_SUITE + BICUBIC_SUITE}
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
@@ -98,7 +110,16 @@ def _scaled(size, scale: float) -> tuple:
     return tuple(max(1, round(edge * scale)) for edge in edges)
 
 
+def affine_theta(batch: int, seed: int = 2, strength: float = 0.1) -> torch.Tensor:
+    """A random affine theta (N, 3, 4) near the identity, as registration and augmentation draw them, float64."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.eye(3, 4, dtype=torch.float64) + strength * (
+        torch.rand(batch, 3, 4, generator=generator, dtype=torch.float64) * 2 - 1)
+
+
 def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
+    if case.grid_kind in ("theta", "theta+displacement"):  # the displacement, if any, comes with the inputs
+        return affine_theta(case.batch)
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
         field = inputs.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
                                           dtype=torch.float64)
@@ -119,7 +140,8 @@ def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
 def build_inputs(case: BenchCase, device="cpu", scale: float = 1.0):
     """Inputs of ``case``: ``(grad, x, grid)`` in the case's layout, and PyTorch's NCDHW views of them.
 
-    For a displacement case the "grid" is the displacement (N, 3, D, H, W) in voxels.
+    For a displacement case the "grid" is the displacement (N, 3, D, H, W) in voxels; for an
+    affine case, theta (N, 3, 4).
 
     Returns ``((grad, x, grid), (grad_ncdhw, x_ncdhw))``; for NDHWC the NCDHW views are
     channels-last strided, which is how PyTorch itself takes channels-last data.
