@@ -13,7 +13,7 @@ whose cells touch it, in a fixed order: taps in PyTorch's order, points ascendin
 a bucket. Nothing depends on
 timing, so the result is bitwise the same on every run.
 
-With ``RULE.voxels`` (the fused warp) every kernel reads a displacement in place of the
+For a displacement (``RULE.field``, the fused warp) every kernel reads a displacement in place of the
 grid, as the forward does, and the grid gradient is written through ``dgrid``'s strides,
 given in the same point order: d(displacement) lands in the displacement's own layout.
 
@@ -106,7 +106,7 @@ def grid_sampler3d_bwd_kernel(grad, x, grid, dx, dgrid, sizes, RULE: tl.constexp
         grad_z = tl.sum(lanes_z, axis=1)
     if OUTPUTS.dfield:
         out = point_offset(n, d, h, w, dgrid.strides)
-        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.voxels)
+        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
 
 
 @triton.jit

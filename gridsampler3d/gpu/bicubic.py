@@ -12,12 +12,12 @@ points, to the same voxel, so cells cannot be bucketed by corner as for trilinea
 stable sort groups entries by voxel in (point, tap) order, and ``bicubic_dx_gather_kernel``
 adds each voxel's group in that order onto what earlier chunks of points left there.
 
-With ``RULE.voxels`` (the fused warp) the "grid" is a displacement, read and its gradient
+For a displacement (``RULE.field``, the fused warp) the "grid" is a displacement, read and its gradient
 written as by the trilinear kernels (:mod:`.backward`): the point's index is its
 position plus the displacement, slope 1.
 
 The kernels take their operands and constexprs as records, as :mod:`.backward`'s do
-(:mod:`.records`); they read ``RULE.padding``, ``RULE.align_corners`` and ``RULE.voxels``.
+(:mod:`.records`); they read ``RULE.padding``, ``RULE.align_corners`` and ``RULE.field``.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _grid_point(grid, n, d, h, w, mask, depth, height, width, RULE: tl.constexpr
     """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64, of the output
     points (n, d, h, w) of ``grid``."""
     offset = point_offset(n, d, h, w, grid.strides)
-    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.voxels)
+    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
     ix, mx = unnormalize(tl.load(grid.data + at_x, mask=mask, other=0.0), width, w, RULE)
     iy, my = unnormalize(tl.load(grid.data + at_y, mask=mask, other=0.0), height, h, RULE)
     iz, mz = unnormalize(tl.load(grid.data + at_z, mask=mask, other=0.0), depth, d, RULE)
@@ -110,7 +110,7 @@ def bicubic_bwd_kernel(grad, x, grid, dx, dgrid, points, sizes, RULE: tl.constex
             grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
     if OUTPUTS.dfield:
         out = point_offset(batch, d, h, w, dgrid.strides)
-        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.voxels)
+        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..modes import Interpolation, Padding
+from ..sampling import FieldKind
 from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 from ..rounding import ROUNDER
 
@@ -35,6 +36,7 @@ NEAREST = tl.constexpr(Interpolation.NEAREST.value)
 ZEROS = tl.constexpr(Padding.ZEROS.value)
 BORDER = tl.constexpr(Padding.BORDER.value)
 REFLECTION = tl.constexpr(Padding.REFLECTION.value)
+GRID = tl.constexpr(FieldKind.GRID.value)
 
 
 @triton.jit
@@ -74,14 +76,14 @@ def reflect(index, twice_low, twice_high):
 def source_index(coord, size, origin, RULE: tl.constexpr, FORWARD: tl.constexpr):
     """Voxel index and d index / d coord (both float64) of normalised coordinates along ``size`` voxels.
 
-    With ``RULE.voxels`` (the fused warp) ``coord`` is a displacement in voxels from the point's
-    own position ``origin`` (int64): the index is ``origin + coord`` and its slope 1, before
-    padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
+    For a field other than a grid (``RULE.field``, the fused warp's displacement) ``coord`` is
+    a displacement in voxels from the point's own position ``origin`` (int64): the index is
+    ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
     padding (clipped to ``size - 1``); the backward lets it fall out of range.
     """
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
-    if RULE.voxels:
+    if RULE.field != GRID:
         index = origin.to(tl.float64) + coord
         multiplier = tl.zeros_like(coord) + 1.0
     elif RULE.align_corners:
@@ -111,12 +113,12 @@ def source_index(coord, size, origin, RULE: tl.constexpr, FORWARD: tl.constexpr)
 
 
 @triton.jit
-def component_offsets(offset, step, VOXELS: tl.constexpr):
+def component_offsets(offset, step, FIELD: tl.constexpr):
     """Offsets (int64) of the x, y and z components of the points at ``offset`` (components ``step`` apart).
 
-    A grid holds (x, y, z); a displacement (``VOXELS``) holds (dz, dy, dx), so its x is 2 components up.
+    A grid holds (x, y, z); a displacement (any other ``FIELD``) holds (dz, dy, dx), so its x is 2 components up.
     """
-    if VOXELS:
+    if FIELD != GRID:
         return offset + 2 * wide(step), offset + step, offset
     return offset, offset + step, offset + 2 * wide(step)
 
@@ -125,9 +127,9 @@ def component_offsets(offset, step, VOXELS: tl.constexpr):
 def point_indices(grid, offset, mask, depth, height, width, d, h, w, RULE: tl.constexpr, FORWARD: tl.constexpr):
     """(ix, iy, iz, mx, my, mz) of the points of ``grid`` at int64 ``offset``.
 
-    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``RULE.voxels``) is measured.
+    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``RULE.field``) is measured.
     """
-    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.voxels)
+    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
     gx = tl.load(grid.data + at_x, mask=mask, other=0.0)
     gy = tl.load(grid.data + at_y, mask=mask, other=0.0)
     gz = tl.load(grid.data + at_z, mask=mask, other=0.0)
@@ -138,10 +140,10 @@ def point_indices(grid, offset, mask, depth, height, width, d, h, w, RULE: tl.co
 
 
 @triton.jit
-def store_point_gradient(dgrid, offset, mask, grad_x, grad_y, grad_z, VOXELS: tl.constexpr):
+def store_point_gradient(dgrid, offset, mask, grad_x, grad_y, grad_z, FIELD: tl.constexpr):
     """Write the gradients along x, y and z of the points of ``dgrid`` at ``offset``, in the component order of
     their grid or displacement (:func:`component_offsets`)."""
-    at_x, at_y, at_z = component_offsets(offset, dgrid.strides.k, VOXELS)
+    at_x, at_y, at_z = component_offsets(offset, dgrid.strides.k, FIELD)
     tl.store(dgrid.data + at_x, grad_x, mask=mask)
     tl.store(dgrid.data + at_y, grad_y, mask=mask)
     tl.store(dgrid.data + at_z, grad_z, mask=mask)
@@ -248,9 +250,9 @@ def volume_offset(n, d, h, w, strides):
 @triton.jit
 def unnormalize(coord, size, origin, RULE: tl.constexpr):
     """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels
-    (with ``RULE.voxels``: of displacements from ``origin``, see :func:`source_index`)."""
+    (for a field other than a grid, ``RULE.field``: of displacements from ``origin``, see :func:`source_index`)."""
     coord = coord.to(tl.float64)
-    if RULE.voxels:
+    if RULE.field != GRID:
         return origin.to(tl.float64) + coord, tl.zeros_like(coord) + 1.0
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
     if RULE.align_corners:

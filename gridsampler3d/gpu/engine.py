@@ -10,7 +10,7 @@ Every kernel takes its operands as records (:mod:`.records`, built by :mod:`.lau
 tensor and its strides as one :class:`.records.Operand`, the sizes as one
 :class:`.records.Sizes`, and the constexprs ``RULE`` (:func:`.launch.kernel_rule`), ``TILE``
 (:meth:`.planner.Tile.keywords`) and ``OUTPUTS``. A displacement runs the same kernels with
-``RULE.voxels``: they read the displacement in place of a grid (strides handed over in
+``RULE.field``: they read the displacement in place of a grid (strides handed over in
 point order, :meth:`.sampling.Field.point_strides`) and write its gradient through its own
 strides.
 """

@@ -7,7 +7,7 @@ lanes along points (each gather and store covers consecutive points of one chann
 wider block for channels-last reads each tap's channel vector at once. Operands are read in
 place through their strides (:class:`.records.Operand`), with int64 offsets.
 
-With ``RULE.voxels`` (the fused warp) the "grid" is a displacement (N, 3, Do, Ho, Wo) holding
+For a displacement (``RULE.field``, the fused warp) the "grid" is a displacement (N, 3, Do, Ho, Wo) holding
 (dz, dy, dx) in voxels, passed with its strides in point order (:class:`.records.PointStrides`):
 point (d, h, w) samples at (w + dx, h + dy, d + dz) (``coords.source_index``).
 """

@@ -57,8 +57,7 @@ def fusion(dtype: torch.dtype) -> dict:
 
 def kernel_rule(sampling: Sampling, field: FieldKind) -> Rule:
     """The kernels' constexpr ``RULE`` of the call's records, in plain Python ints and bools."""
-    return Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
-                field == FieldKind.DISPLACEMENT)
+    return Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners), int(field))
 
 
 def volume_operand(tensor) -> Operand:

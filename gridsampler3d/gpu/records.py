@@ -76,12 +76,12 @@ class SortedRecords(NamedTuple):
 
 class Rule(NamedTuple):
     """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them, a constexpr:
-    the codes of the interpolation and padding, ``align_corners``, and ``voxels`` for a displacement (the fused
-    warp)."""
+    the codes of the interpolation, the padding and the field kind (:class:`~gridsampler3d.sampling.FieldKind`),
+    and ``align_corners``."""
     interpolation: int
     padding: int
     align_corners: bool
-    voxels: bool
+    field: int
 
 
 class Tile(NamedTuple):
