@@ -112,8 +112,12 @@ def onnx_export_in_progress() -> bool:
     """
     if _dynamo_flags is None and _torchscript_globals is None:
         return torch.onnx.is_in_onnx_export()
-    return bool(getattr(_dynamo_flags, "_is_onnx_exporting", False)
-                or getattr(_torchscript_globals, "in_onnx_export", False))
+    if getattr(_dynamo_flags, "_is_onnx_exporting", False):
+        return True
+    # The TorchScript exporter never runs under Dynamo, which will not trace its globals' property (torch 2.9).
+    if torch.compiler.is_dynamo_compiling():
+        return False
+    return bool(getattr(_torchscript_globals, "in_onnx_export", False))
 
 
 def requested_opset() -> int | None:

@@ -54,7 +54,7 @@ from gridsampler3d.gpu import backward, bicubic, forward  # noqa: E402
 from gridsampler3d.gpu.launch import (field_operand, fusion, kernel_rule, points_of, sizes_of,  # noqa: E402
                                       volume_operand)
 from gridsampler3d.gpu.planner import Tile  # noqa: E402
-from gridsampler3d.gpu.records import SortedRecords, VolumeStrides  # noqa: E402
+from gridsampler3d.gpu.records import SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
 from gridsampler3d.layout import memory_format_of  # noqa: E402
 from gridsampler3d.modes import Interpolation, Padding  # noqa: E402
 from gridsampler3d.sampling import Field, Outputs, Sampling  # noqa: E402
@@ -155,7 +155,7 @@ def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs
     call = make_call(layout)
     args = (*walk_args(call, dtype, outputs, dx_dtype), sizes_of(call.x, call.field))
     constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F64 if dtype == "fp64" else F32,
-                      OUTPUTS=outputs)
+                      OUTPUTS=constexpr_members(outputs))
     return case(label, backward.grid_sampler3d_bwd_kernel, args, constexprs, tile, dtype)
 
 
@@ -211,7 +211,7 @@ def tricubic_backward(label, layout, dtype, sampling: Sampling, tile: Tile, acc)
     call = make_call(layout)
     outputs = Outputs(True, True)
     args = (*walk_args(call, dtype, outputs, dtype), points_of(call.x, call.field), sizes_of(call.x, call.field))
-    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=acc, OUTPUTS=outputs)
+    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=acc, OUTPUTS=constexpr_members(outputs))
     return case(label, bicubic.bicubic_bwd_kernel, args, constexprs, tile, dtype)
 
 
@@ -320,8 +320,8 @@ class HelperInstances:
         self.collisions, names, mangle = [], {}, code_generator.mangle_fn
         self._mangle = mangle
 
-        def watched(name, arg_types, caller_context):
-            mangled = mangle(name, arg_types, caller_context)
+        def watched(name, arg_types, *rest):  # Triton 3.5 passes the constants before the caller's context
+            mangled = mangle(name, arg_types, *rest)
             fields = tuple(field_names(kind) for kind in arg_types)
             if names.setdefault(mangled, fields) != fields and name not in self.collisions:
                 self.collisions.append(name)
@@ -363,7 +363,7 @@ def describe(kernel, kwargs: dict) -> str:
         if param.is_constexpr and param.name in kwargs:
             value = kwargs[param.name]
             fields = value._asdict().items() if hasattr(value, "_asdict") else [(None, value)]
-            words += [f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', member)}"
+            words += [f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', getattr(member, 'value', member))}"
                       for field, member in fields]
     return " ".join(words)
 

@@ -28,6 +28,7 @@ from . import autotune
 from .gathered import gathered_bicubic_dx, gathered_dx
 from .launch import (accumulator, field_operand, fusion, interpreter_enabled, kernel_rule, kernels, launch_tuned,
                      patch_grid, points_of, sizes_of, store_dtype, volume_operand)
+from .records import constexpr_members
 from .planner import DxMethod, FieldPass, GpuCall, GpuPlan, Stage, make_plan
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
@@ -152,7 +153,7 @@ def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
     operands = (volume_operand(grad), volume_operand(x), field_operand(field), volume_operand(dx_target),
                 field_operand(field, dfield_target))
     constexprs = dict(RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums),
-                      OUTPUTS=Outputs(want_dx, want_dfield), **fusion(x.dtype))
+                      OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield)), **fusion(x.dtype))
     if plan.interpolation == Interpolation.BICUBIC:
         points, tile = points_of(x, field), plan.tile
         bicubic.bicubic_bwd_kernel[(-(-points // tile.block_w),)](

@@ -12,7 +12,7 @@ from ..layout import memory_format_of
 from ..sampling import Field, FieldKind, Sampling
 from . import autotune
 from .planner import GpuPlan
-from .records import Operand, PointStrides, Rule, Sizes, VolumeStrides
+from .records import Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
 
 __all__ = ["accumulator", "field_operand", "fusion", "interpreter_enabled", "kernel_rule", "kernels", "launch_tuned",
            "patch_grid", "points_of", "sizes_of", "store_dtype", "volume_operand"]
@@ -56,8 +56,9 @@ def fusion(dtype: torch.dtype) -> dict:
 
 
 def kernel_rule(sampling: Sampling, field: FieldKind) -> Rule:
-    """The kernels' constexpr ``RULE`` of the call's records, in plain Python ints and bools."""
-    return Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners), int(field))
+    """The kernels' constexpr ``RULE`` of the call's records (:func:`constexpr_members`)."""
+    return constexpr_members(Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
+                                  int(field)))
 
 
 def volume_operand(tensor) -> Operand:

@@ -75,7 +75,7 @@ class Tile:
     def keywords(self) -> dict:
         """The kernels' launch keywords: the constexpr ``TILE`` (:class:`.records.Tile`, this shape's block sizes)
         and the launch option ``num_warps``."""
-        return {"TILE": records.Tile(self.block_w, self.block_c, self.block_h, self.block_d),
+        return {"TILE": records.constexpr_members(records.Tile(self.block_w, self.block_c, self.block_h, self.block_d)),
                 "num_warps": self.num_warps}
 
 

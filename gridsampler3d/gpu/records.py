@@ -18,13 +18,14 @@ through the first's names (a volume's ``d`` is member 2, a field's member 1), wh
 interpreter does not do. Hence ``coords.volume_offset`` and ``coords.point_offset``, one
 sum twice; ``tests/gpu_compile.py`` reports any helper instantiated for two classes.
 
-Nothing here imports Triton: the planner and the launch code build these records.
+Nothing here imports Triton until :func:`constexpr_members` is called: the planner and the launch
+code build these records.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Operand", "PointStrides", "Rule", "Sizes", "SortedRecords", "Tile", "VolumeStrides"]
+__all__ = ["Operand", "PointStrides", "Rule", "Sizes", "SortedRecords", "Tile", "VolumeStrides", "constexpr_members"]
 
 
 class VolumeStrides(NamedTuple):
@@ -91,3 +92,11 @@ class Tile(NamedTuple):
     block_c: int = 1
     block_h: int = 1
     block_d: int = 1
+
+
+def constexpr_members(record):
+    """``record`` with each member a ``tl.constexpr``, as a constexpr record is handed to a kernel: Triton before 3.8
+    reads a constexpr record's plain members as Python values, which it cannot use as block shapes."""
+    import triton.language as tl
+
+    return type(record)(*(tl.constexpr(member) for member in record))
