@@ -12,7 +12,7 @@ API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision g
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv run demo test bench docs clean
+.PHONY: venv run demo test lint format bench docs clean
 
 venv: $(STAMP)
 
@@ -32,8 +32,17 @@ run: venv
 demo: venv
 	$(VENV)/bin/gridsampler3d demo --out out/demo
 
-test: venv
+test: lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+
+# The linter and the formatter's check (ruff, configured in pyproject.toml); `make format` fixes what they can.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 bench: venv
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png

@@ -37,12 +37,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gridsampler3d as gs  # noqa: E402
-from gridsampler3d import precision  # noqa: E402
-from gridsampler3d.commands import check  # noqa: E402
-from gridsampler3d.validate import DTYPES  # noqa: E402
 from gridsampler3d.bench.runner import machine_info, plumbed_warp  # noqa: E402
 from gridsampler3d.bench.suite import BenchCase, build_inputs  # noqa: E402
+from gridsampler3d.commands import check  # noqa: E402
 from gridsampler3d.modes import parse_interpolation, parse_padding  # noqa: E402
+from gridsampler3d.validate import DTYPES  # noqa: E402
 
 # GPU sizes: the operator's eight benchmark cases scaled up so that one launch runs well past launch
 # overhead, and the cases a GPU needs besides (half types, wide channels-last, a large
@@ -129,12 +128,16 @@ def phase_machine(run: Run) -> None:
             machine["clock_mhz"] = torch.cuda.clock_rate()
         except (ImportError, RuntimeError, AttributeError):
             pass
-    source = torch.empty(2**29 if DEVICE == "cuda" else 2**20, dtype=torch.uint8, device=DEVICE)
-    target = torch.empty_like(source)
-    run.report["copy_bandwidth_gbs"] = 2 * source.numel() / (median_ms(lambda: target.copy_(source)) * 1e-3) / 1e9
-    del source, target
+    run.report["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
     log(f"gpu_check on {machine.get('gpu')}, torch {torch.__version__}, copy {run.report['copy_bandwidth_gbs']:.0f} GB/s")
     run.save("machine")
+
+
+def copy_bandwidth_gbs() -> float:
+    """The device's copy bandwidth (bytes read plus written per second, in GB/s), from a 512 MiB copy."""
+    source = torch.empty(2**29 if DEVICE == "cuda" else 2**20, dtype=torch.uint8, device=DEVICE)
+    target = torch.empty_like(source)
+    return 2 * source.numel() / (median_ms(lambda: target.copy_(source)) * 1e-3) / 1e9
 
 
 def nbytes(*tensors) -> int:

@@ -1,8 +1,10 @@
 """The oldest PyTorch this package runs on, checked when the package is imported.
 
-The custom ops (``torch.library.custom_op`` with ``register_fake`` and
-``register_autograd``) first appeared in PyTorch 2.4; an older torch would fail deep inside
-``torch_ops`` with an AttributeError, so the version is checked before anything else.
+The whole test suite passes on torch 2.9.1 and 2.13.0. The custom ops
+(``torch.library.custom_op`` with ``register_fake`` and ``register_autograd``) first
+appeared in 2.4, but releases before 2.9 fail elsewhere: their schema inference, Dynamo and
+``torch.export`` reject what the custom ops and the ONNX path do. An older torch would fail
+deep inside ``torch_ops``, so the version is checked before anything else.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 
 __all__ = ["MINIMUM_TORCH", "check_torch_version"]
 
-MINIMUM_TORCH = (2, 4)
+MINIMUM_TORCH = (2, 9)
 
 
 def check_torch_version(version: str) -> None:
@@ -22,8 +24,8 @@ def check_torch_version(version: str) -> None:
         return
     if tuple(int(part) for part in match.groups()) < MINIMUM_TORCH:
         minimum = ".".join(map(str, MINIMUM_TORCH))
-        raise ImportError(f"gridsampler3d needs torch>={minimum} (its custom ops use torch.library.custom_op, "
-                          f"new in {minimum}); found torch {version}. Upgrade PyTorch: pip install 'torch>={minimum}'")
+        raise ImportError(f"gridsampler3d needs torch>={minimum} (the oldest release its tests pass on); "
+                          f"found torch {version}. Upgrade PyTorch: pip install 'torch>={minimum}'")
 
 
 check_torch_version(torch.__version__)

@@ -1,6 +1,6 @@
 """The one module that reads PyTorch's non-public API: each read, what it is for, and its public fallback.
 
-Tested with torch 2.4.1 (the lowest release ``pyproject.toml`` admits) and 2.13.0
+Tested with torch 2.9.1 (the lowest release ``pyproject.toml`` admits) and 2.13.0
 (``TESTED_TORCH``; ``tests/test_torch_hooks.py`` checks each hook). Each private name is
 looked up once, at import; where a torch release lacks one, its hook falls back to a public
 way that is correct but slower or less precise, and warns once naming the release (or, for
@@ -34,7 +34,7 @@ __all__ = ["HOOKS", "TESTED_TORCH", "dispatch_mode_active", "functorch_wrapped",
            "onnx_export_in_progress", "remove_library", "requested_opset"]
 
 #: The oldest and newest torch releases the hooks were tested with.
-TESTED_TORCH = ("2.4.1", "2.13.0")
+TESTED_TORCH = ("2.9.1", "2.13.0")
 
 
 def _lookup(module_name: str, *names: str):
@@ -112,8 +112,12 @@ def onnx_export_in_progress() -> bool:
     """
     if _dynamo_flags is None and _torchscript_globals is None:
         return torch.onnx.is_in_onnx_export()
-    return bool(getattr(_dynamo_flags, "_is_onnx_exporting", False)
-                or getattr(_torchscript_globals, "in_onnx_export", False))
+    if getattr(_dynamo_flags, "_is_onnx_exporting", False):
+        return True
+    # The TorchScript exporter never runs under Dynamo, which will not trace its globals' property (torch 2.9).
+    if torch.compiler.is_dynamo_compiling():
+        return False
+    return bool(getattr(_torchscript_globals, "in_onnx_export", False))
 
 
 def requested_opset() -> int | None:

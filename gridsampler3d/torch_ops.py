@@ -15,7 +15,6 @@ While ``torch.onnx.export`` traces a model, ``grid_sample`` and ``warp`` (so ``W
 ``integrate_velocity`` too) call the composites of ``onnx.py`` instead of the custom ops,
 which no ONNX runtime knows.
 """
-import typing  # the custom ops' annotations as typing.List and typing.Tuple: torch 2.4's schema inference knows no other spelling
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +45,7 @@ def _grid_sampler3d_fake(input, grid, interpolation_mode, padding_mode, align_co
 @torch.library.custom_op("gridsampler3d::grid_sampler3d_backward", mutates_args=())
 def grid_sampler3d_backward_op(grad: Tensor, input: Tensor, grid: Tensor, interpolation_mode: int,
                                padding_mode: int, align_corners: bool,
-                               output_mask: typing.List[bool]) -> typing.Tuple[Tensor, Tensor]:
+                               output_mask: list[bool]) -> tuple[Tensor, Tensor]:
     """Backward: (dx like input, dgrid like grid); an output not asked for is an empty tensor."""
     dx, dgrid = api.grid_sampler3d_backward(grad, input, grid, interpolation_mode, padding_mode, align_corners,
                                             output_mask=tuple(output_mask))
@@ -230,7 +229,7 @@ def _warp3d_fake(volume, displacement, interpolation_mode, padding_mode, align_c
 
 @torch.library.custom_op("gridsampler3d::warp3d_backward", mutates_args=())
 def warp3d_backward_op(grad: Tensor, volume: Tensor, displacement: Tensor, interpolation_mode: int,
-                       padding_mode: int, align_corners: bool, output_mask: typing.List[bool]) -> typing.Tuple[Tensor, Tensor]:
+                       padding_mode: int, align_corners: bool, output_mask: list[bool]) -> tuple[Tensor, Tensor]:
     """Fused warp backward: (dvolume like volume, ddisplacement (N, 3, D, H, W)); one not asked for is empty."""
     dx, dfield = api.warp3d_backward(grad, volume, displacement, interpolation_mode, padding_mode, align_corners,
                                      output_mask=tuple(output_mask))

@@ -4,20 +4,29 @@ Triton's interpreter runs kernels as Python and so misses what only the compiler
 (globals that are not constexpr, integer arguments equal to 1 arriving as constexpr, type
 rules) and what only the generated code shows (32-bit integer arithmetic, how a float
 remainder is computed). This compiles each kernel in its main configurations through
-Triton's real pipeline, down to a cubin, with the sizes and unit strides Triton
-specialises as 1, and reports per kernel what its Triton IR holds:
+Triton's real pipeline, down to a cubin, specialised exactly as a launch specialises it:
+the arguments are the records the engine builds (gridsampler3d/gpu/launch.py) from tensors
+of realistic shapes (meta tensors, so only their strides: a 128^3 volume with 16 channels,
+NCDHW or channels-last, a grid or a displacement in either layout), with a mock tensor of
+the operand's dtype as each pointer, and Triton's own launcher code binds them: an integer
+equal to 1 becomes a constant, pointers and multiples of 16 carry the divisibility hint,
+and float64 compiles without FP fusion where the engine launches it so. It also watches
+Triton instantiate the ``@triton.jit`` helpers: one instance serving records of different
+fields (gridsampler3d/gpu/records.py) compiles, reads the wrong members, and counts as a
+failure. It reports per kernel what its Triton IR holds:
 
     python tests/gpu_compile.py [--json FILE] [--registers]
 
-``--json`` writes one record per compiled configuration (name, constants, the int32
+``--json`` writes one record per compiled configuration (name, the dtype of each operand,
+the constexprs, the integers specialised as 1, the helpers given mixed records, the int32
 multiplies left in its TTIR, whether a float remainder is an exact fmod, the PTX
-conversions it uses, and with
-``--registers`` the registers and spill bytes that ``ptxas -v`` reports for sm_90a).
-``--registers`` also prints them as a Markdown table (docs/gpu.md):
+conversions it uses, and with ``--registers`` the registers and spill bytes that ``ptxas
+-v`` reports for sm_90a). ``--registers`` also prints them as a Markdown table
+(docs/gpu.md):
 
     TRITON_DEFAULT_FP_FUSION=1 python tests/gpu_compile.py --registers
- Exit status: the
-number of kernels that failed to compile.
+
+Exit status: the number of kernels that failed to compile or mixed records in a helper.
 """
 import argparse
 import json
@@ -27,176 +36,337 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("run without TRITON_INTERPRET: the interpreter replaces the compiler")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import ASTSource, code_generator, make_backend  # noqa: E402
+from triton.runtime.jit import MockTensor, create_function_from_signature  # noqa: E402
 
 from gridsampler3d.gpu import backward, bicubic, forward  # noqa: E402
+from gridsampler3d.gpu.launch import (field_operand, fusion, kernel_rule, points_of, sizes_of,  # noqa: E402
+                                      volume_operand)
+from gridsampler3d.gpu.planner import Tile  # noqa: E402
+from gridsampler3d.gpu.records import SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
+from gridsampler3d.layout import memory_format_of  # noqa: E402
+from gridsampler3d.modes import Interpolation, Padding  # noqa: E402
+from gridsampler3d.sampling import Field, Outputs, Sampling  # noqa: E402
 
+# Every kernel through the front end, never from Triton's cache: the helpers are watched as it generates them.
+triton.knobs.compilation.always_compile = True
 TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
 F32, F64 = tl.float32, tl.float64
-# Integer arguments a launch passes as 1 (Triton makes them constexpr): the unit strides of
-# each layout and of the grid and its gradient. The "sizes of 1" configuration also has
-# one-voxel sizes. The fused warp ("warp" layouts) reads an NCDHW volume and a displacement
-# (N, 3, D, H, W) whose unit stride is along w, or (N, D, H, W, 3) whose unit stride is the component's.
-UNIT_STRIDES = {"NCDHW": ("x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "grid_stride_k",
-                          "dgrid_stride_k"),
-                "NDHWC": ("x_stride_c", "y_stride_c", "dx_stride_c", "grad_stride_c", "grid_stride_k",
-                          "dgrid_stride_k"),
-                "NCDHW warp N3DHW": ("x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "grid_stride_w",
-                                     "dgrid_stride_w"),
-                "NDHWC warp NDHW3": ("x_stride_c", "y_stride_c", "dx_stride_c", "grad_stride_c", "grid_stride_k",
-                                     "dgrid_stride_k")}
-SIZES_OF_ONE = ("depth", "channels", "x_stride_w", "y_stride_w", "dx_stride_w", "grad_stride_w", "out_width")
-# Integer arguments not divisible by 16 in a 128^3, C = 16 launch (Triton marks the others
-# as multiples of 16, as it marks every 16-byte aligned pointer).
-NOT_DIVISIBLE = ("grid_stride_w", "first_point", "last_point")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64,
+          "i32": torch.int32, "i64": torch.int64}
+BILINEAR, NEAREST, BICUBIC = Interpolation.BILINEAR, Interpolation.NEAREST, Interpolation.BICUBIC
+ZEROS, BORDER, REFLECTION = Padding.ZEROS, Padding.BORDER, Padding.REFLECTION
+# The deterministic tricubic dx works through the points a chunk at a time (planner.TRICUBIC_CHUNK_ENTRIES / 64):
+# a 128^3 volume's second chunk.
+SECOND_CHUNK = (1 << 20, 1 << 21)
+# Chunks of long buckets in a deterministic trilinear dx (border padding piles points into corner cells).
+LONG_BUCKET_CHUNKS = 4096
 
 
-def compile_kernel(kernel, pointers, constants, ones=SIZES_OF_ONE, num_warps=4):
-    """The compiled kernel, specialised as a launch specialises it: integer arguments in ``ones``
-    are the constexpr 1, the others i32 (a launch with sizes below 2**31 passes them so),
-    and pointers and multiples of 16 carry Triton's divisibility hint."""
-    signature, constexprs, attrs = {}, {}, {}
-    for index, name in enumerate(kernel.arg_names):
-        if name in constants or name in ones:
-            signature[name] = "constexpr"
-            constexprs[name] = constants.get(name, 1)
-            continue
-        signature[name] = "*" + pointers[name] if name in pointers else "i32"
-        if name in pointers or (name not in NOT_DIVISIBLE and ones is not SIZES_OF_ONE):
-            attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=TARGET, options={"num_warps": num_warps})
+class Call(NamedTuple):
+    """The tensors of one call as meta tensors (shapes and strides, no data): x (N, C, D, H, W) and its field."""
+    x: torch.Tensor
+    field: Field
+
+    def y(self) -> torch.Tensor:
+        """The output (and so grad): (N, C, Do, Ho, Wo), laid out as x (the engine's forward allocates it so)."""
+        return torch.empty(tuple(self.x.shape[:2]) + self.field.out_sizes, device="meta",
+                           memory_format=memory_format_of(self.x))
+
+    def field_gradient(self) -> torch.Tensor:
+        """The field's gradient as the engine's backward allocates it (:meth:`.sampling.Field.gradient_format`)."""
+        return torch.empty_like(self.field.tensor, memory_format=self.field.gradient_format())
+
+    def voxels(self) -> int:
+        batch, _, depth, height, width = self.x.shape
+        return batch * depth * height * width
 
 
-def data(dtype, *names, **others):
-    return {**{name: dtype for name in names}, **others}
+def make_call(layout: str | None) -> Call:
+    """A 128^3 volume with 16 channels sampled at a 128^3 grid, x in ``layout`` ("NCDHW" or "NDHWC"; with
+    " warp N3DHW" or " warp NDHW3": the fused warp, at a displacement in that layout); or, ``layout`` None, one with
+    sizes of 1 (one channel, one voxel deep, a one-point-wide output)."""
+    if layout is None:
+        x = torch.empty(2, 1, 1, 5, 7, device="meta")
+        return Call(x, Field.grid(torch.empty(2, 3, 6, 1, 3, device="meta")))
+    batch, channels, side = 1, 16, 128
+    memory_format = torch.channels_last_3d if layout.startswith("NDHWC") else torch.contiguous_format
+    x = torch.empty(batch, channels, side, side, side, device="meta", memory_format=memory_format)
+    if layout.endswith("N3DHW"):
+        return Call(x, Field.displacement(torch.empty(batch, 3, side, side, side, device="meta")))
+    if layout.endswith("NDHW3"):
+        displacement = torch.empty(batch, side, side, side, 3, device="meta").permute(0, 4, 1, 2, 3)
+        return Call(x, Field.displacement(displacement))
+    return Call(x, Field.grid(torch.empty(batch, side, side, side, 3, device="meta")))
 
 
-def case(label, kernel, pointers, constants, layout=None, num_warps=4):
-    """A configuration the engine launches (``layout`` given: realistic specialisation) or, without
-    a layout, one with sizes of 1, which only checks that the kernel compiles with them. A layout
-    with "warp" in its name is the fused warp's (``VOXELS``); the others sample at a grid."""
-    constants = {**constants, "VOXELS": layout is not None and "warp" in layout}
-    return {"label": label, "kernel": kernel, "pointers": pointers, "constants": constants,
-            "ones": UNIT_STRIDES[layout] if layout else SIZES_OF_ONE, "num_warps": num_warps}
+def pointer(dtype: str) -> MockTensor:
+    """A tensor of ``dtype`` as Triton's launcher sees it: its address (0: a multiple of 16) and its dtype."""
+    return MockTensor(DTYPES[dtype])
+
+
+def volume(tensor, dtype: str):
+    """``launch.volume_operand`` of a meta tensor, with a pointer of ``dtype``."""
+    return volume_operand(tensor)._replace(data=pointer(dtype))
+
+
+def points(field: Field, dtype: str, tensor=None):
+    """``launch.field_operand`` of a meta field (or of ``tensor``, its gradient), with a pointer of ``dtype``."""
+    return field_operand(field, tensor)._replace(data=pointer(dtype))
+
+
+def case(label, kernel, args, constexprs, tile: Tile, fused: str | None = None):
+    """A configuration as the engine launches it: ``args`` (records of meta strides and mock pointers),
+    ``constexprs``, the launch shape ``tile``, and ``launch.fusion`` of the dtype ``fused`` where the engine
+    passes that option."""
+    options = {**tile.keywords(), **(fusion(DTYPES[fused]) if fused else {})}
+    return {"label": label, "kernel": kernel, "args": args, "kwargs": {**constexprs, **options}}
+
+
+def patch_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
+    """The trilinear / nearest forward (engine._forward)."""
+    call = make_call(layout)
+    args = (volume(call.x, dtype), points(call.field, dtype), volume(call.y(), dtype), sizes_of(call.x, call.field))
+    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F64 if dtype == "fp64" else F32)
+    return case(label, forward.grid_sampler3d_fwd_kernel, args, constexprs, tile, dtype)
+
+
+def walk_args(call: Call, dtype, outputs: Outputs, dx_dtype):
+    """The backward walk's operands (engine._backward_walk): an output not written is handed over as x or the field."""
+    dx = volume(call.x, dx_dtype) if outputs.dx else volume(call.x, dtype)
+    dfield = points(call.field, dtype, call.field_gradient()) if outputs.dfield else points(call.field, dtype)
+    return volume(call.y(), dtype), volume(call.x, dtype), points(call.field, dtype), dx, dfield
+
+
+def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs: Outputs, dx_dtype="fp32"):
+    """The trilinear / nearest backward walk; the fast mode's dx adds into a buffer of the sums' dtype."""
+    call = make_call(layout)
+    args = (*walk_args(call, dtype, outputs, dx_dtype), sizes_of(call.x, call.field))
+    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F64 if dtype == "fp64" else F32,
+                      OUTPUTS=constexpr_members(outputs))
+    return case(label, backward.grid_sampler3d_bwd_kernel, args, constexprs, tile, dtype)
+
+
+def sorted_points(call: Call) -> SortedRecords:
+    return SortedRecords(pointer("fp64"), pointer("i64"), points_of(call.x, call.field))
+
+
+def bucket_keys(label, layout, dtype, sampling: Sampling):
+    """gathered._sorted_records's first kernel."""
+    call = make_call(layout)
+    args = (points(call.field, dtype), pointer("i32"), points_of(call.x, call.field), sizes_of(call.x, call.field))
+    return case(label, backward.bucket_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
+                Tile(block_w=256))
+
+
+def sorted_records(label, layout, dtype, sampling: Sampling):
+    """gathered._sorted_records's second kernel."""
+    call = make_call(layout)
+    args = (points(call.field, dtype), pointer("i64"), sorted_points(call), sizes_of(call.x, call.field),
+            VolumeStrides(*call.y().stride()))
+    return case(label, backward.sorted_records_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
+                Tile(block_w=256))
+
+
+def dx_gather(label, layout, dtype, interpolation, acc, split, tile: Tile, starts="i32", partials="fp64"):
+    """gathered.gathered_dx's gather: dx in the data's dtype (half types rounded once from float64 sums)."""
+    call = make_call(layout)
+    args = (volume(call.y(), dtype), sorted_points(call), volume(call.x, dtype), pointer(starts), pointer(starts),
+            pointer(partials), call.voxels(), sizes_of(call.x, call.field))
+    constexprs = dict(INTERPOLATION=int(interpolation), ACC=acc, SPLIT=split)
+    return case(label, backward.dx_gather_kernel, args, constexprs, tile, dtype)
+
+
+def bucket_partials(label, layout, dtype, interpolation, acc, block_c, partials):
+    """gathered.gathered_dx's partial sums of long buckets."""
+    call = make_call(layout)
+    args = (volume(call.y(), dtype), sorted_points(call), pointer(partials), pointer("i64"), pointer("i32"),
+            LONG_BUCKET_CHUNKS, call.x.shape[1])
+    constexprs = dict(INTERPOLATION=int(interpolation), ACC=acc, CHUNK=256)
+    return case(label, backward.bucket_partials_kernel, args, constexprs, Tile(block_w=64, block_c=block_c), dtype)
+
+
+def tricubic_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
+    call = make_call(layout)
+    args = (volume(call.x, dtype), points(call.field, dtype), volume(call.y(), dtype), points_of(call.x, call.field),
+            sizes_of(call.x, call.field))
+    return case(label, bicubic.bicubic_fwd_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F32),
+                tile, dtype)
+
+
+def tricubic_backward(label, layout, dtype, sampling: Sampling, tile: Tile, acc):
+    """The tricubic walk, dx by atomics and dgrid."""
+    call = make_call(layout)
+    outputs = Outputs(True, True)
+    args = (*walk_args(call, dtype, outputs, dtype), points_of(call.x, call.field), sizes_of(call.x, call.field))
+    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=acc, OUTPUTS=constexpr_members(outputs))
+    return case(label, bicubic.bicubic_bwd_kernel, args, constexprs, tile, dtype)
+
+
+def tricubic_keys(label, layout, dtype, sampling: Sampling):
+    call = make_call(layout)
+    args = (points(call.field, dtype), pointer("i32"), *SECOND_CHUNK, call.voxels(), sizes_of(call.x, call.field))
+    return case(label, bicubic.bicubic_tap_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
+                Tile(block_w=64))
+
+
+def tricubic_gather(label, layout, dtype, sampling: Sampling, tile: Tile):
+    """A later chunk's gather (FIRST_CHUNK false: it adds onto what dx holds)."""
+    call = make_call(layout)
+    args = (volume(call.y(), dtype), points(call.field, dtype), volume(call.x, dtype), pointer("i64"),
+            pointer("i32"), SECOND_CHUNK[0], call.voxels(), sizes_of(call.x, call.field))
+    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F32, FIRST_CHUNK=False)
+    return case(label, bicubic.bicubic_dx_gather_kernel, args, constexprs, tile, dtype)
 
 
 def _row_kernels():
     """The trilinear / nearest forward and backward as the engine launches them on a GPU
-    (engine._patch_tile for a 128-wide output): float32 and half, both layouts."""
+    (planner.patch_tile for a 128-wide output): float32 and half, both layouts."""
     cases = []
-    for mode, interpolation in (("bilinear", 0), ("nearest", 1)):
+    for mode, interpolation in (("bilinear", BILINEAR), ("nearest", NEAREST)):
         for dtype in ("fp32", "bf16", "fp16"):
             for layout, (fwd_w, bwd_w, block_c) in (("NCDHW", (128, 128, 1)), ("NDHWC", (32, 16, 16))):
-                patch = dict(BLOCK_D=1, BLOCK_H=1, BLOCK_C=block_c)
-                cases.append(case(f"forward {mode} {dtype} {layout}", forward.grid_sampler3d_fwd_kernel,
-                                  data(dtype, "x_ptr", "grid_ptr", "y_ptr"),
-                                  dict(INTERPOLATION=interpolation, PADDING=1, ALIGN_CORNERS=False, ACC=F32,
-                                       BLOCK_W=fwd_w, **patch), layout))
-                dx = "fp32"  # the fast mode's atomics add into a float32 buffer
-                cases.append(case(f"backward {mode} {dtype} {layout}", backward.grid_sampler3d_bwd_kernel,
-                                  data(dtype, "grad_ptr", "x_ptr", "grid_ptr", "dgrid_ptr", dx_ptr=dx),
-                                  dict(INTERPOLATION=interpolation, PADDING=0, ALIGN_CORNERS=False, ACC=F32,
-                                       WANT_DX=True, WANT_DGRID=interpolation == 0, BLOCK_W=bwd_w, **patch), layout))
+                cases.append(patch_forward(f"forward {mode} {dtype} {layout}", layout, dtype,
+                                           Sampling(interpolation, BORDER, False), Tile(fwd_w, block_c)))
+                # The fast mode's atomics add into a float32 buffer; nearest's dgrid is zero without a pass.
+                cases.append(patch_backward(f"backward {mode} {dtype} {layout}", layout, dtype,
+                                            Sampling(interpolation, ZEROS, False), Tile(bwd_w, block_c),
+                                            Outputs(True, interpolation == BILINEAR)))
     return cases
 
 
 def _warp_kernels():
-    """The fused warp's configurations: each kernel once with ``VOXELS``, float32, in both displacement layouts."""
-    flat = data("fp32", "grad_ptr", "dx_ptr", records_ptr="fp64", grad_offsets_ptr="i64", starts_ptr="i32",
-                chunk_starts_ptr="i32", partials_ptr="fp32")
+    """The fused warp's configurations: each kernel once on a displacement, float32, in both its layouts."""
     return [
-        case("warp forward bilinear fp32 N3DHW, reflection", forward.grid_sampler3d_fwd_kernel,
-             data("fp32", "x_ptr", "grid_ptr", "y_ptr"),
-             dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=True, ACC=F32, BLOCK_D=1, BLOCK_H=1, BLOCK_W=128,
-                  BLOCK_C=1), "NCDHW warp N3DHW"),
-        case("warp backward bilinear fp32 NDHW3", backward.grid_sampler3d_bwd_kernel,
-             data("fp32", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
-             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, ACC=F32, WANT_DX=True, WANT_DGRID=True, BLOCK_D=1,
-                  BLOCK_H=1, BLOCK_W=16, BLOCK_C=16), "NDHWC warp NDHW3"),
-        case("warp bucket keys N3DHW", backward.bucket_keys_kernel, data("fp32", "grid_ptr", keys_ptr="i32"),
-             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, BLOCK_P=256), "NCDHW warp N3DHW"),
-        case("warp sorted records N3DHW", backward.sorted_records_kernel,
-             data("fp32", "grid_ptr", order_ptr="i64", records_ptr="fp64", grad_offsets_ptr="i64"),
-             dict(INTERPOLATION=0, PADDING=1, ALIGN_CORNERS=True, BLOCK_P=256), "NCDHW warp N3DHW"),
-        case("warp dx gather bilinear fp32 N3DHW", backward.dx_gather_kernel, flat,
-             dict(INTERPOLATION=0, ACC=F32, SPLIT=True, BLOCK_V=128, BLOCK_C=1),
-             "NCDHW warp N3DHW"),
-        case("warp bicubic backward fp32 N3DHW", bicubic.bicubic_bwd_kernel,
-             data("fp32", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
-             dict(PADDING=1, ALIGN_CORNERS=True, ACC=F32, WANT_DX=True, WANT_DGRID=True, BLOCK_P=128, BLOCK_C=1),
-             "NCDHW warp N3DHW"),
+        patch_forward("warp forward bilinear fp32 N3DHW, reflection", "NCDHW warp N3DHW", "fp32",
+                      Sampling(BILINEAR, REFLECTION, True), Tile(128)),
+        patch_backward("warp backward bilinear fp32 NDHW3", "NDHWC warp NDHW3", "fp32",
+                       Sampling(BILINEAR, BORDER, True), Tile(16, 16), Outputs(True, True)),
+        bucket_keys("warp bucket keys N3DHW", "NCDHW warp N3DHW", "fp32", Sampling(BILINEAR, BORDER, True)),
+        sorted_records("warp sorted records N3DHW", "NCDHW warp N3DHW", "fp32", Sampling(BILINEAR, BORDER, True)),
+        dx_gather("warp dx gather bilinear fp32 N3DHW", "NCDHW warp N3DHW", "fp32", BILINEAR, F32, True, Tile(128),
+                  partials="fp32"),
+        tricubic_backward("warp bicubic backward fp32 N3DHW", "NCDHW warp N3DHW", "fp32",
+                          Sampling(BICUBIC, BORDER, True), Tile(128), F32),
     ]
 
 
 CASES = [
     *_row_kernels(),
-    case("forward bilinear fp32, reflection, sizes of 1", forward.grid_sampler3d_fwd_kernel,
-         data("fp32", "x_ptr", "grid_ptr", "y_ptr"),
-         dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=True, ACC=F32, BLOCK_D=2, BLOCK_H=4, BLOCK_W=16, BLOCK_C=1)),
-    case("backward bilinear fp64 dgrid, reflection", backward.grid_sampler3d_bwd_kernel,
-         data("fp64", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
-         dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=True, ACC=F64, WANT_DX=False, WANT_DGRID=True, BLOCK_D=1,
-              BLOCK_H=1, BLOCK_W=128, BLOCK_C=1), "NCDHW"),
-    case("bucket keys, reflection", backward.bucket_keys_kernel, data("fp32", "grid_ptr", keys_ptr="i32"),
-         dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=False, BLOCK_P=256), "NCDHW"),
-    case("sorted records, reflection", backward.sorted_records_kernel,
-         data("fp32", "grid_ptr", order_ptr="i64", records_ptr="fp64", grad_offsets_ptr="i64"),
-         dict(INTERPOLATION=0, PADDING=2, ALIGN_CORNERS=False, BLOCK_P=256), "NCDHW"),
-    case("sorted records nearest NDHWC", backward.sorted_records_kernel,
-         data("bf16", "grid_ptr", order_ptr="i64", records_ptr="fp64", grad_offsets_ptr="i64"),
-         dict(INTERPOLATION=1, PADDING=0, ALIGN_CORNERS=False, BLOCK_P=256), "NDHWC"),
-    case("dx gather bilinear bf16 NDHWC", backward.dx_gather_kernel,
-         data("bf16", "grad_ptr", "dx_ptr", records_ptr="fp64", grad_offsets_ptr="i64", starts_ptr="i32",
-              chunk_starts_ptr="i32", partials_ptr="fp64"),
-         dict(INTERPOLATION=0, ACC=F64, SPLIT=True, BLOCK_V=64, BLOCK_C=16), "NDHWC"),
-    case("dx gather bilinear fp16 NCDHW", backward.dx_gather_kernel,
-         data("fp16", "grad_ptr", "dx_ptr", records_ptr="fp64", grad_offsets_ptr="i64", starts_ptr="i32",
-              chunk_starts_ptr="i32", partials_ptr="fp64"),
-         dict(INTERPOLATION=0, ACC=F64, SPLIT=False, BLOCK_V=128, BLOCK_C=1), "NCDHW"),
-    case("dx gather bilinear fp32 NCDHW", backward.dx_gather_kernel,
-         data("fp32", "grad_ptr", "dx_ptr", "partials_ptr", records_ptr="fp64", grad_offsets_ptr="i64",
-              starts_ptr="i32", chunk_starts_ptr="i32"),
-         dict(INTERPOLATION=0, ACC=F32, SPLIT=True, BLOCK_V=128, BLOCK_C=1), "NCDHW"),
-    case("bucket partials bilinear fp32 NCDHW", backward.bucket_partials_kernel,
-         data("fp32", "grad_ptr", "partials_ptr", records_ptr="fp64", grad_offsets_ptr="i64", chunk_first_ptr="i64",
-              chunk_count_ptr="i32"),
-         dict(INTERPOLATION=0, ACC=F32, CHUNK=256, BLOCK_K=64, BLOCK_C=1), "NCDHW"),
-    case("bucket partials nearest bf16 NDHWC", backward.bucket_partials_kernel,
-         data("bf16", "grad_ptr", records_ptr="fp64", grad_offsets_ptr="i64", chunk_first_ptr="i64",
-              chunk_count_ptr="i32", partials_ptr="fp64"),
-         dict(INTERPOLATION=1, ACC=F64, CHUNK=256, BLOCK_K=64, BLOCK_C=16), "NDHWC"),
-    case("dx gather nearest fp64, sizes of 1", backward.dx_gather_kernel,
-         data("fp64", "grad_ptr", "dx_ptr", "partials_ptr", records_ptr="fp64", grad_offsets_ptr="i64",
-              starts_ptr="i64", chunk_starts_ptr="i64"),
-         dict(INTERPOLATION=1, ACC=F64, SPLIT=True, BLOCK_V=64, BLOCK_C=16)),
-    case("bicubic forward bf16 NCDHW, reflection", bicubic.bicubic_fwd_kernel,
-         data("bf16", "x_ptr", "grid_ptr", "y_ptr"),
-         dict(PADDING=2, ALIGN_CORNERS=False, ACC=F32, BLOCK_P=128, BLOCK_C=1), "NCDHW"),
-    case("bicubic forward fp32 NDHWC", bicubic.bicubic_fwd_kernel, data("fp32", "x_ptr", "grid_ptr", "y_ptr"),
-         dict(PADDING=1, ALIGN_CORNERS=False, ACC=F32, BLOCK_P=16, BLOCK_C=16), "NDHWC"),
-    case("bicubic backward fp32 NCDHW", bicubic.bicubic_bwd_kernel,
-         data("fp32", "grad_ptr", "x_ptr", "grid_ptr", "dgrid_ptr", dx_ptr="fp32"),
-         dict(PADDING=1, ALIGN_CORNERS=True, ACC=F32, WANT_DX=True, WANT_DGRID=True, BLOCK_P=128, BLOCK_C=1), "NCDHW"),
-    case("bicubic backward fp64, sizes of 1", bicubic.bicubic_bwd_kernel,
-         data("fp64", "grad_ptr", "x_ptr", "grid_ptr", "dx_ptr", "dgrid_ptr"),
-         dict(PADDING=1, ALIGN_CORNERS=True, ACC=F64, WANT_DX=True, WANT_DGRID=True, BLOCK_P=64, BLOCK_C=1)),
-    case("bicubic tap keys, reflection", bicubic.bicubic_tap_keys_kernel, data("fp32", "grid_ptr", keys_ptr="i32"),
-         dict(PADDING=2, ALIGN_CORNERS=False, BLOCK_P=64), "NCDHW"),
-    case("bicubic dx gather fp32 NDHWC", bicubic.bicubic_dx_gather_kernel,
-         data("fp32", "grad_ptr", "grid_ptr", "dx_ptr", order_ptr="i64", starts_ptr="i32"),
-         dict(ALIGN_CORNERS=False, ACC=F32, FIRST_CHUNK=False, BLOCK_V=64, BLOCK_C=16), "NDHWC"),
+    patch_forward("forward bilinear fp32, reflection, sizes of 1", None, "fp32", Sampling(BILINEAR, REFLECTION, True),
+                  Tile(16, 1, 4, 2)),
+    patch_backward("backward bilinear fp64 dgrid, reflection", "NCDHW", "fp64", Sampling(BILINEAR, REFLECTION, True),
+                   Tile(128), Outputs(False, True)),
+    bucket_keys("bucket keys, reflection", "NCDHW", "fp32", Sampling(BILINEAR, REFLECTION, False)),
+    sorted_records("sorted records, reflection", "NCDHW", "fp32", Sampling(BILINEAR, REFLECTION, False)),
+    sorted_records("sorted records nearest NDHWC", "NDHWC", "bf16", Sampling(NEAREST, ZEROS, False)),
+    dx_gather("dx gather bilinear bf16 NDHWC", "NDHWC", "bf16", BILINEAR, F64, True, Tile(64, 16)),
+    dx_gather("dx gather bilinear fp16 NCDHW", "NCDHW", "fp16", BILINEAR, F64, False, Tile(128)),
+    dx_gather("dx gather bilinear fp32 NCDHW", "NCDHW", "fp32", BILINEAR, F32, True, Tile(128), partials="fp32"),
+    bucket_partials("bucket partials bilinear fp32 NCDHW", "NCDHW", "fp32", BILINEAR, F32, 1, "fp32"),
+    bucket_partials("bucket partials nearest bf16 NDHWC", "NDHWC", "bf16", NEAREST, F64, 16, "fp64"),
+    dx_gather("dx gather nearest fp64, sizes of 1", None, "fp64", NEAREST, F64, True, Tile(64, 16), starts="i64"),
+    tricubic_forward("bicubic forward bf16 NCDHW, reflection", "NCDHW", "bf16", Sampling(BICUBIC, REFLECTION, False),
+                     Tile(128)),
+    tricubic_forward("bicubic forward fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, BORDER, False), Tile(16, 16)),
+    tricubic_backward("bicubic backward fp32 NCDHW", "NCDHW", "fp32", Sampling(BICUBIC, BORDER, True), Tile(128), F32),
+    tricubic_backward("bicubic backward fp64, sizes of 1", None, "fp64", Sampling(BICUBIC, BORDER, True), Tile(64),
+                      F64),
+    tricubic_keys("bicubic tap keys, reflection", "NCDHW", "fp32", Sampling(BICUBIC, REFLECTION, False)),
+    tricubic_gather("bicubic dx gather fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, ZEROS, False), Tile(64, 16)),
     *_warp_kernels(),
 ]
+
+
+def compile_kernel(kernel, args, kwargs):
+    """(compiled kernel, its signature): bound and specialised by Triton's launcher code, then compiled as
+    ``JITFunction.run`` compiles a launch's kernel."""
+    binder = create_function_from_signature(kernel.signature, kernel.params, BACKEND)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(BACKEND, kwargs, bound, specialization, options)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=TARGET, options=options.__dict__), signature
+
+
+def field_names(kind):
+    """The field names of a Triton argument type, records walked into (None for a value that is no record)."""
+    if isinstance(kind, tl.tuple_type):
+        return kind.fields, tuple(field_names(member) for member in kind.types)
+    return None
+
+
+class HelperInstances:
+    """While compiling, the ``@triton.jit`` helpers that one instance served for records of different fields.
+
+    Triton names a helper's instance by its argument types, and a record's type leaves out
+    its field names: a second call with records of other fields (a PointStrides where the
+    instance was made for a VolumeStrides) reuses the instance and reads the wrong members
+    (gridsampler3d/gpu/records.py). ``collisions`` lists such helpers.
+    """
+
+    def __enter__(self):
+        self.collisions, names, mangle = [], {}, code_generator.mangle_fn
+        self._mangle = mangle
+
+        def watched(name, arg_types, *rest):  # Triton 3.5 passes the constants before the caller's context
+            mangled = mangle(name, arg_types, *rest)
+            fields = tuple(field_names(kind) for kind in arg_types)
+            if names.setdefault(mangled, fields) != fields and name not in self.collisions:
+                self.collisions.append(name)
+            return mangled
+
+        code_generator.mangle_fn = watched
+        return self
+
+    def __exit__(self, *_):
+        code_generator.mangle_fn = self._mangle
+
+
+def leaves(value, name: str):
+    """(dotted name, leaf) of a signature entry, records walked into: ``x.data``, ``x.strides.w``, ``keys``."""
+    if isinstance(value, tuple):
+        for field, member in zip(getattr(value, "_fields", range(len(value))), value):
+            yield from leaves(member, f"{name}.{field}")
+    else:
+        yield name, value
+
+
+def pointers(signature: dict) -> dict:
+    """The dtype of each pointer: an operand by its name (``x``, ``keys``), a record's other pointers by their path
+    (``sorted_points.indices``)."""
+    return {name.removesuffix(".data"): kind[1:] for key, entry in signature.items()
+            for name, kind in leaves(entry, key) if kind.startswith("*")}
+
+
+def ones(signature: dict) -> list[str]:
+    """The integer arguments the launch specialised as the constant 1 (``x.strides.w``)."""
+    return [name for key, entry in signature.items() if entry != "constexpr"
+            for name, kind in leaves(entry, key) if kind == "constexpr"]
+
+
+def describe(kernel, kwargs: dict) -> str:
+    """The kernel's constexpr arguments, a record's fields each as ``NAME.field=value``."""
+    words = []
+    for param in kernel.params:
+        if param.is_constexpr and param.name in kwargs:
+            value = kwargs[param.name]
+            fields = value._asdict().items() if hasattr(value, "_asdict") else [(None, value)]
+            words += [f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', getattr(member, 'value', member))}"
+                      for field, member in fields]
+    return " ".join(words)
+
 
 # An integer multiply on 32-bit values (scalar or tensor) in the Triton IR.
 INT32_MULTIPLY = re.compile(r"arith\.muli .*: (i32|tensor<[0-9x]*xi32>)\s")
@@ -235,10 +405,6 @@ def registers(ptx: str, fused: bool) -> dict:
     return {"registers": int(used.group(1)), "spill_stores": int(stores.group(1)), "spill_loads": int(loads.group(1))}
 
 
-def describe(constants: dict) -> str:
-    return " ".join(f"{key}={getattr(value, 'name', value)}" for key, value in constants.items())
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the per-kernel findings here")
@@ -246,30 +412,38 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     failures, records = 0, []
     for entry in CASES:
-        kernel, constants = entry["kernel"], entry["constants"]
-        name = kernel.fn.__name__
+        kernel, kwargs = entry["kernel"], entry["kwargs"]
+        name, constants = kernel.fn.__name__, describe(kernel, kwargs)
         try:
-            compiled = compile_kernel(kernel, entry["pointers"], constants, entry["ones"], entry["num_warps"])
+            with HelperInstances() as helpers:
+                compiled, signature = compile_kernel(kernel, entry["args"], kwargs)
         except Exception as error:  # report every kernel, not just the first failure
             failures += 1
-            print(f"FAILED {name} ({entry['label']}) {describe(constants)}: {error}", flush=True)
+            print(f"FAILED {name} ({entry['label']}) {constants}: {error}", flush=True)
             continue
         ttir = compiled.asm["ttir"]
-        record = {"label": entry["label"], "kernel": name, "pointers": entry["pointers"],
-                  "constants": describe(constants), "num_warps": entry["num_warps"],
+        record = {"label": entry["label"], "kernel": name, "pointers": pointers(signature), "constants": constants,
+                  "ones": ones(signature), "num_warps": compiled.metadata.num_warps,
+                  "enable_fp_fusion": compiled.metadata.enable_fp_fusion, "mixed_records": helpers.collisions,
                   "int32_multiplies": int32_multiplies(ttir), "float_remainders": float_remainders(ttir),
                   "conversions": sorted(set(re.findall(r"\bcvt(?:\.[a-z0-9]+)+", compiled.asm["ptx"])))}
         if args.registers:
             record.update(registers(compiled.asm["ptx"], compiled.metadata.enable_fp_fusion))
         records.append(record)
-        print(f"compiled {name} ({entry['label']}) {describe(constants)}", flush=True)
+        if helpers.collisions:  # compiled, but wrong: it reads some record through another's field names
+            failures += 1
+            print(f"FAILED {name} ({entry['label']}): records of different fields given to "
+                  f"{', '.join(helpers.collisions)}", flush=True)
+        else:
+            print(f"compiled {name} ({entry['label']}) {constants}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
     if args.registers:
         print("\n| kernel | launch | registers | spill stores / loads (bytes) |\n| --- | --- | ---: | ---: |")
         for record in records:
-            blocks = " ".join(part for part in record["constants"].split() if part.startswith("BLOCK_"))
-            print(f"| {record['label']} | {blocks} num_warps={record['num_warps']} | {record['registers']} | "
+            tile = " ".join(part.removeprefix("TILE.") for part in record["constants"].split()
+                            if part.startswith("TILE."))
+            print(f"| {record['label']} | {tile} num_warps={record['num_warps']} | {record['registers']} | "
                   f"{record['spill_stores']} / {record['spill_loads']} |")
     return failures
 

@@ -1,20 +1,25 @@
-"""The CPU engine's functions stay readable: short, with few parameters (records carry the rest)."""
+"""The engines' functions stay readable: short, with few parameters (records carry the rest).
+
+Every function of the CPU engine (Numba kernels included) and of the GPU engine (Triton
+kernels and their ``@triton.jit`` helpers included).
+"""
 import ast
 from pathlib import Path
 
 import pytest
 
-ENGINE = Path(__file__).resolve().parents[1] / "gridsampler3d" / "cpu"
+PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
+ENGINES = (PACKAGE / "cpu", PACKAGE / "gpu")
 MAX_LINES = 60  # lines of code: no docstring, comment or blank line
 MAX_PARAMETERS = 12
 
 
 def _functions():
-    for path in sorted(ENGINE.glob("*.py")):
+    for path in sorted(path for engine in ENGINES for path in engine.glob("*.py")):
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse("\n".join(lines))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield path.name, node, lines
+                yield f"{path.parent.name}/{path.name}", node, lines
 
 
 def _code_lines(node, lines) -> int:

@@ -330,7 +330,7 @@ def test_size_products_and_offsets_are_int64(compiled):
 
 def test_reflection_remainder_is_an_exact_fmod(compiled):
     """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
-    reflecting = [record for record in compiled if "PADDING=2" in record["constants"]]
+    reflecting = [record for record in compiled if "RULE.padding=2" in record["constants"]]
     assert reflecting
     for record in compiled:
         assert record["float_remainders"]["remf"] == 0, record["kernel"]
@@ -341,10 +341,10 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
 def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
     """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
     gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
-               and record["pointers"]["dx_ptr"] in ("fp16", "bf16")]
-    assert {record["pointers"]["dx_ptr"] for record in gathers} == {"fp16", "bf16"}
+               and record["pointers"]["dx"] in ("fp16", "bf16")]
+    assert {record["pointers"]["dx"] for record in gathers} == {"fp16", "bf16"}
     for record in gathers:
-        half = "f16" if record["pointers"]["dx_ptr"] == "fp16" else "bf16"
+        half = "f16" if record["pointers"]["dx"] == "fp16" else "bf16"
         assert f"cvt.rn.{half}.f64" in record["conversions"], record["conversions"]
         assert "cvt.rn.f32.f64" not in record["conversions"], record["conversions"]
 
@@ -352,7 +352,7 @@ def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
 def test_check_judges_each_triton_mode_against_the_golden(monkeypatch):
     """`gridsampler3d check` runs Triton's backward fast and deterministic and judges each on its own: both pass
     against the golden, and a fault in the deterministic mode's dx fails that mode's rows alone."""
-    from gridsampler3d import check
+    from gridsampler3d.commands import check
 
     for attribute, values in (("MODES", ("bilinear",)), ("PADDINGS", ("border",)), ("ALIGN_CORNERS", (False,)),
                               ("LAYOUTS", ("NCDHW",))):

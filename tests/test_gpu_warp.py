@@ -1,6 +1,6 @@
 """The fused warp on the Triton engine: against the float64 reference, and by the precision rule below float64.
 
-The kernels read the displacement where they read a grid (``VOXELS``) and write
+The kernels read the displacement where they read a grid (``RULE.field``) and write
 d(displacement) in the displacement's own layout. Without a GPU they run on CPU tensors
 through Triton's interpreter (conftest sets TRITON_INTERPRET=1), so the sizes are tiny and
 odd: 3 x 4 x 5 voxels, displacements of about 2.5 voxels, so that many points leave the volume.

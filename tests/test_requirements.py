@@ -10,15 +10,15 @@ from gridsampler3d.requirements import MINIMUM_TORCH, check_torch_version
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("version", ["2.4.0", "2.4.1+cu121", "2.10.0a0+git1234", "2.13.0+cpu", "3.0.0"])
+@pytest.mark.parametrize("version", ["2.9.0", "2.9.1+cu128", "2.10.0a0+git1234", "2.13.0+cpu", "3.0.0"])
 def test_supported_versions_pass(version):
     check_torch_version(version)
 
 
-@pytest.mark.parametrize("version", ["2.3.1+cu121", "2.1.0", "1.13.1"])
+@pytest.mark.parametrize("version", ["2.8.0+cu121", "2.4.1", "1.13.1"])
 def test_older_versions_are_refused_with_the_remedy(version):
-    with pytest.raises(ImportError, match=rf"needs torch>=2\.4 .*found torch {version.replace('+', '[+]')}\. "
-                                          r"Upgrade PyTorch: pip install 'torch>=2\.4'"):
+    with pytest.raises(ImportError, match=rf"needs torch>=2\.9 .*found torch {version.replace('+', '[+]')}\. "
+                                          r"Upgrade PyTorch: pip install 'torch>=2\.9'"):
         check_torch_version(version)
 
 
@@ -29,9 +29,9 @@ def test_pyproject_declares_the_same_minimum():
 
 
 def test_importing_under_an_old_torch_fails_first_and_clearly():
-    code = "import torch; torch.__version__ = '2.3.1'; import gridsampler3d"
+    code = "import torch; torch.__version__ = '2.8.0'; import gridsampler3d"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: gridsampler3d needs torch>=2.4") and "found torch 2.3.1" in last
+    assert last.startswith("ImportError: gridsampler3d needs torch>=2.9") and "found torch 2.8.0" in last
     assert "torch_ops" not in result.stderr  # refused before the custom ops are defined

@@ -189,8 +189,12 @@ def test_double_backward_matches_torch(padding):
         grad_x, grad_grid = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
         return torch.autograd.grad(grad_grid.square().sum() + (grad_x * grad_x).sum(), (x, grid))
 
+    try:
+        expected = second_order(F.grid_sample)
+    except RuntimeError as error:  # torch before 2.10 has no derivative of its 3-D grid sampler's backward
+        pytest.skip(f"this torch cannot differentiate its own grid sampler's backward: {error}")
     # Not bitwise: our second derivatives come from the torch composite (composite.py), whose
     # operations group the products differently from PyTorch's C++ double backward; float64
     # rounding of those sums stays far below 1e-10 at these sizes.
-    for ours, theirs in zip(second_order(gs.grid_sample), second_order(F.grid_sample)):
+    for ours, theirs in zip(second_order(gs.grid_sample), expected):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)

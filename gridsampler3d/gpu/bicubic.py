@@ -12,9 +12,12 @@ points, to the same voxel, so cells cannot be bucketed by corner as for trilinea
 stable sort groups entries by voxel in (point, tap) order, and ``bicubic_dx_gather_kernel``
 adds each voxel's group in that order onto what earlier chunks of points left there.
 
-With ``VOXELS`` (the fused warp) the "grid" is a displacement, read and its gradient
+For a displacement (``RULE.field``, the fused warp) the "grid" is a displacement, read and its gradient
 written as by the trilinear kernels (:mod:`.backward`): the point's index is its
 position plus the displacement, slope 1.
+
+The kernels take their operands and constexprs as records, as :mod:`.backward`'s do
+(:mod:`.records`); they read ``RULE.padding``, ``RULE.align_corners`` and ``RULE.field``.
 """
 from __future__ import annotations
 
@@ -22,222 +25,214 @@ import triton
 import triton.language as tl
 
 from .coords import (component_offsets, cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset,
-                     point_position, store_point_gradient, unnormalize, wide)
+                     point_position, store_point_gradient, unnormalize, volume_offset, wide)
 
 
 @triton.jit
-def _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k, mask,
-                depth, height, width, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr):
+def _grid_point(grid, n, d, h, w, mask, depth, height, width, RULE: tl.constexpr):
     """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64, of the output
-    points (n, d, h, w)."""
-    offset = point_offset(n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w)
-    at_x, at_y, at_z = component_offsets(offset, grid_stride_k, VOXELS)
-    ix, mx = unnormalize(tl.load(grid_ptr + at_x, mask=mask, other=0.0), width, w, ALIGN_CORNERS, VOXELS)
-    iy, my = unnormalize(tl.load(grid_ptr + at_y, mask=mask, other=0.0), height, h, ALIGN_CORNERS, VOXELS)
-    iz, mz = unnormalize(tl.load(grid_ptr + at_z, mask=mask, other=0.0), depth, d, ALIGN_CORNERS, VOXELS)
+    points (n, d, h, w) of ``grid``."""
+    offset = point_offset(n, d, h, w, grid.strides)
+    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
+    ix, mx = unnormalize(tl.load(grid.data + at_x, mask=mask, other=0.0), width, w, RULE)
+    iy, my = unnormalize(tl.load(grid.data + at_y, mask=mask, other=0.0), height, h, RULE)
+    iz, mz = unnormalize(tl.load(grid.data + at_z, mask=mask, other=0.0), depth, d, RULE)
     return ix, iy, iz, tl.floor(ix), tl.floor(iy), tl.floor(iz), mx, my, mz
 
 
 @triton.jit
-def bicubic_fwd_kernel(
-    x_ptr, grid_ptr, y_ptr,
-    points, channels, depth, height, width, out_depth, out_height, out_width,
-    x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
-    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    y_stride_n, y_stride_c, y_stride_d, y_stride_h, y_stride_w,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3), summed in ``ACC``."""
-    depth, height, width = wide(depth), wide(height), wide(width)
-    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
-    point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+def bicubic_fwd_kernel(x, grid, y, points, sizes, RULE: tl.constexpr, ACC: tl.constexpr, TILE: tl.constexpr):
+    """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3), summed in ``ACC``.
+
+    ``TILE.block_w`` of the ``points`` (N * Do * Ho * Wo) x ``TILE.block_c`` channels a program.
+    """
+    channels = sizes.channels
+    depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
+    out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
+    point = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
+    channel = tl.program_id(1).to(tl.int64) * TILE.block_c + tl.arange(0, TILE.block_c)
     point_mask = point < points
     tile_mask = point_mask[:, None] & (channel < channels)[None, :]
     n, d, h, w = point_position(point, out_depth, out_height, out_width)
-    ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
-                                                  grid_stride_w, grid_stride_k, point_mask, depth, height, width,
-                                                  ALIGN_CORNERS, VOXELS)
-    batch_offset = n * x_stride_n
-    channel_offset = (channel * x_stride_c)[None, :]
+    ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid, n, d, h, w, point_mask, depth, height, width, RULE)
+    batch_offset = n * x.strides.n
+    channel_offset = (channel * x.strides.c)[None, :]
     # Separable, as the reference: along x within each (z, y) row, then along y, then z.
-    total = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+    total = tl.zeros([TILE.block_w, TILE.block_c], ACC)
     for k in tl.static_range(4):
-        cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
-        plane = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+        cz = pad_tap(z0 - 1.0 + k, depth, RULE)
+        plane = tl.zeros([TILE.block_w, TILE.block_c], ACC)
         for j in tl.static_range(4):
-            cy = pad_tap(y0 - 1.0 + j, height, PADDING, ALIGN_CORNERS)
-            row = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+            cy = pad_tap(y0 - 1.0 + j, height, RULE)
+            row = tl.zeros([TILE.block_w, TILE.block_c], ACC)
             for i in tl.static_range(4):
-                cx = pad_tap(x0 - 1.0 + i, width, PADDING, ALIGN_CORNERS)
+                cx = pad_tap(x0 - 1.0 + i, width, RULE)
                 inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
-                offset = batch_offset + cz * x_stride_d + cy * x_stride_h + cx * x_stride_w
-                value = tl.load(x_ptr + offset[:, None] + channel_offset, mask=tile_mask & inside[:, None], other=0.0)
+                offset = batch_offset + cz * x.strides.d + cy * x.strides.h + cx * x.strides.w
+                value = tl.load(x.data + offset[:, None] + channel_offset, mask=tile_mask & inside[:, None], other=0.0)
                 row += value.to(ACC) * cubic_weight(ix - x0, i).to(ACC)[:, None]
             plane += row * cubic_weight(iy - y0, j).to(ACC)[:, None]
         total += plane * cubic_weight(iz - z0, k).to(ACC)[:, None]
-    out_offset = point_offset(n, d, h, w, y_stride_n, y_stride_d, y_stride_h, y_stride_w)
-    tl.store(y_ptr + out_offset[:, None] + (channel * y_stride_c)[None, :], total, mask=tile_mask)
+    out_offset = volume_offset(n, d, h, w, y.strides)
+    tl.store(y.data + out_offset[:, None] + (channel * y.strides.c)[None, :], total, mask=tile_mask)
 
 
 @triton.jit
-def bicubic_bwd_kernel(
-    grad_ptr, x_ptr, grid_ptr, dx_ptr, dgrid_ptr,
-    points, channels, depth, height, width, out_depth, out_height, out_width,
-    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
-    x_stride_n, x_stride_c, x_stride_d, x_stride_h, x_stride_w,
-    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w, dgrid_stride_k,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr,
-    WANT_DX: tl.constexpr, WANT_DGRID: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer) and/or dgrid (through its strides,
-    float64 sums)."""
-    depth, height, width = wide(depth), wide(height), wide(width)
-    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
-    point = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+def bicubic_bwd_kernel(grad, x, grid, dx, dgrid, points, sizes, RULE: tl.constexpr, ACC: tl.constexpr,
+                       OUTPUTS: tl.constexpr, TILE: tl.constexpr):
+    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer, ``OUTPUTS.dx``) and/or dgrid (through
+    its strides, float64 sums, ``OUTPUTS.dfield``).
+
+    ``TILE.block_w`` of the ``points`` a program, every channel ``TILE.block_c`` at a time.
+    """
+    channels = sizes.channels
+    depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
+    out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
+    point = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
     point_mask = point < points
     batch, d, h, w = point_position(point, out_depth, out_height, out_width)
-    ix, iy, iz, x0, y0, z0, mx, my, mz = _grid_point(grid_ptr, batch, d, h, w, grid_stride_n, grid_stride_d,
-                                                     grid_stride_h, grid_stride_w, grid_stride_k, point_mask, depth,
-                                                     height, width, ALIGN_CORNERS, VOXELS)
-    grad_offset = point_offset(batch, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
-    grad_x = tl.zeros([BLOCK_P], tl.float64)
-    grad_y = tl.zeros([BLOCK_P], tl.float64)
-    grad_z = tl.zeros([BLOCK_P], tl.float64)
-    for first_channel in range(0, channels, BLOCK_C):
-        channel = first_channel + tl.arange(0, BLOCK_C).to(tl.int64)
+    ix, iy, iz, x0, y0, z0, mx, my, mz = _grid_point(grid, batch, d, h, w, point_mask, depth, height, width, RULE)
+    grad_offset = volume_offset(batch, d, h, w, grad.strides)
+    grad_x = tl.zeros([TILE.block_w], tl.float64)
+    grad_y = tl.zeros([TILE.block_w], tl.float64)
+    grad_z = tl.zeros([TILE.block_w], tl.float64)
+    for first_channel in range(0, channels, TILE.block_c):
+        channel = first_channel + tl.arange(0, TILE.block_c).to(tl.int64)
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
-        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :], mask=tile_mask,
-                       other=0.0).to(ACC)
-        grad_wide = grad.to(tl.float64)
-        # dgrid as the reference: per channel, the separable sums with one axis's weights
-        # replaced by its slopes (float64), then times grad.
-        total_x = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-        total_y = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-        total_z = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-        for k in tl.static_range(4):
-            cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
-            wz = cubic_weight(iz - z0, k)
-            plane_w = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-            plane_sx = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-            plane_sy = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-            for j in tl.static_range(4):
-                cy = pad_tap(y0 - 1.0 + j, height, PADDING, ALIGN_CORNERS)
-                wy = cubic_weight(iy - y0, j)
-                row_w = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-                row_s = tl.zeros([BLOCK_P, BLOCK_C], tl.float64)
-                for i in tl.static_range(4):
-                    cx = pad_tap(x0 - 1.0 + i, width, PADDING, ALIGN_CORNERS)
-                    wx = cubic_weight(ix - x0, i)
-                    inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
-                    tap_mask = tile_mask & inside[:, None]
-                    if WANT_DX:
-                        offset = batch * dx_stride_n + cz * dx_stride_d + cy * dx_stride_h + cx * dx_stride_w
-                        tl.atomic_add(dx_ptr + offset[:, None] + (channel * dx_stride_c)[None, :],
-                                      grad * (wx * wy * wz).to(ACC)[:, None], mask=tap_mask, sem="relaxed")
-                    if WANT_DGRID:
-                        offset = batch * x_stride_n + cz * x_stride_d + cy * x_stride_h + cx * x_stride_w
-                        # An outside tap reads 0 but still takes part (PyTorch's 2-D bicubic).
-                        value = tl.load(x_ptr + offset[:, None] + (channel * x_stride_c)[None, :], mask=tap_mask,
-                                        other=0.0).to(tl.float64)
-                        row_w += value * wx[:, None]
-                        row_s += value * cubic_slope(ix - x0, i)[:, None]
-                if WANT_DGRID:
-                    plane_w += row_w * wy[:, None]
-                    plane_sx += row_s * wy[:, None]
-                    plane_sy += row_w * cubic_slope(iy - y0, j)[:, None]
-            if WANT_DGRID:
-                total_x += plane_sx * wz[:, None]
-                total_y += plane_sy * wz[:, None]
-                total_z += plane_w * cubic_slope(iz - z0, k)[:, None]
-        if WANT_DGRID:
+        grad_values = tl.load(grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :], mask=tile_mask,
+                              other=0.0).to(ACC)
+        grad_wide = grad_values.to(tl.float64)
+        total_x, total_y, total_z = _tap_sums(x, dx, batch, channel, tile_mask, grad_values,
+                                              (ix, iy, iz, x0, y0, z0), (depth, height, width), RULE, ACC, OUTPUTS)
+        if OUTPUTS.dfield:
             grad_x += tl.sum(tl.where(tile_mask, total_x * grad_wide, 0.0), axis=1)
             grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
             grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
-    if WANT_DGRID:
-        out = point_offset(batch, d, h, w, dgrid_stride_n, dgrid_stride_d, dgrid_stride_h, dgrid_stride_w)
-        store_point_gradient(dgrid_ptr, out, dgrid_stride_k, point_mask, grad_x * mx, grad_y * my, grad_z * mz,
-                             VOXELS)
+    if OUTPUTS.dfield:
+        out = point_offset(batch, d, h, w, dgrid.strides)
+        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
 
 
 @triton.jit
-def bicubic_tap_keys_kernel(
-    grid_ptr, keys_ptr, first_point, last_point, voxels, depth, height, width, out_depth, out_height, out_width,
-    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, BLOCK_P: tl.constexpr,
-):
+def _tap_sums(x, dx, batch, channel, tile_mask, grad_values, point, volume_sizes, RULE: tl.constexpr,
+              ACC: tl.constexpr, OUTPUTS: tl.constexpr):
+    """One block of channels of :func:`bicubic_bwd_kernel` over the 64 taps: dx += grad * weight (atomics,
+    ``OUTPUTS.dx``), and with ``OUTPUTS.dfield`` the (block_w, block_c) float64 sums (total_x, total_y, total_z) that
+    dgrid takes times grad (else zeros).
+
+    ``point`` is (ix, iy, iz, x0, y0, z0) of :func:`_grid_point`, ``volume_sizes`` the int64 (depth, height,
+    width).
+    """
+    ix, iy, iz, x0, y0, z0 = point
+    depth, height, width = volume_sizes
+    # dgrid as the reference: per channel, the separable sums with one axis's weights
+    # replaced by its slopes (float64), then times grad.
+    total_x = tl.zeros(tile_mask.shape, tl.float64)
+    total_y = tl.zeros(tile_mask.shape, tl.float64)
+    total_z = tl.zeros(tile_mask.shape, tl.float64)
+    for k in tl.static_range(4):
+        cz = pad_tap(z0 - 1.0 + k, depth, RULE)
+        wz = cubic_weight(iz - z0, k)
+        plane_w = tl.zeros(tile_mask.shape, tl.float64)
+        plane_sx = tl.zeros(tile_mask.shape, tl.float64)
+        plane_sy = tl.zeros(tile_mask.shape, tl.float64)
+        for j in tl.static_range(4):
+            cy = pad_tap(y0 - 1.0 + j, height, RULE)
+            wy = cubic_weight(iy - y0, j)
+            row_w = tl.zeros(tile_mask.shape, tl.float64)
+            row_s = tl.zeros(tile_mask.shape, tl.float64)
+            for i in tl.static_range(4):
+                cx = pad_tap(x0 - 1.0 + i, width, RULE)
+                wx = cubic_weight(ix - x0, i)
+                inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
+                tap_mask = tile_mask & inside[:, None]
+                if OUTPUTS.dx:
+                    offset = batch * dx.strides.n + cz * dx.strides.d + cy * dx.strides.h + cx * dx.strides.w
+                    tl.atomic_add(dx.data + offset[:, None] + (channel * dx.strides.c)[None, :],
+                                  grad_values * (wx * wy * wz).to(ACC)[:, None], mask=tap_mask, sem="relaxed")
+                if OUTPUTS.dfield:
+                    offset = batch * x.strides.n + cz * x.strides.d + cy * x.strides.h + cx * x.strides.w
+                    # An outside tap reads 0 but still takes part (PyTorch's 2-D bicubic).
+                    value = tl.load(x.data + offset[:, None] + (channel * x.strides.c)[None, :], mask=tap_mask,
+                                    other=0.0).to(tl.float64)
+                    row_w += value * wx[:, None]
+                    row_s += value * cubic_slope(ix - x0, i)[:, None]
+            if OUTPUTS.dfield:
+                plane_w += row_w * wy[:, None]
+                plane_sx += row_s * wy[:, None]
+                plane_sy += row_w * cubic_slope(iy - y0, j)[:, None]
+        if OUTPUTS.dfield:
+            total_x += plane_sx * wz[:, None]
+            total_y += plane_sy * wz[:, None]
+            total_z += plane_w * cubic_slope(iz - z0, k)[:, None]
+    return total_x, total_y, total_z
+
+
+@triton.jit
+def bicubic_tap_keys_kernel(grid, keys, first_point, last_point, voxels, sizes, RULE: tl.constexpr,
+                            TILE: tl.constexpr):
     """keys[64 * q + tap] (int64): the voxel (n, z, y, x) that tap ``tap`` of point first_point + q lands in,
-    or ``voxels`` (N * D * H * W, past every voxel) when it lands outside; points up to ``last_point``."""
-    depth, height, width = wide(depth), wide(height), wide(width)
-    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
-    local = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    or ``voxels`` (N * D * H * W, past every voxel) when it lands outside; points up to ``last_point``,
+    ``TILE.block_w`` a program."""
+    depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
+    out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
+    local = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
     point = first_point + local
     point_mask = point < last_point
     batch, d, h, w = point_position(point, out_depth, out_height, out_width)
-    _, _, _, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, batch, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
-                                               grid_stride_w, grid_stride_k, point_mask, depth, height, width,
-                                               ALIGN_CORNERS, VOXELS)
+    _, _, _, x0, y0, z0, _, _, _ = _grid_point(grid, batch, d, h, w, point_mask, depth, height, width, RULE)
     for k in tl.static_range(4):
-        cz = pad_tap(z0 - 1.0 + k, depth, PADDING, ALIGN_CORNERS)
+        cz = pad_tap(z0 - 1.0 + k, depth, RULE)
         for j in tl.static_range(4):
-            cy = pad_tap(y0 - 1.0 + j, height, PADDING, ALIGN_CORNERS)
+            cy = pad_tap(y0 - 1.0 + j, height, RULE)
             for i in tl.static_range(4):
-                cx = pad_tap(x0 - 1.0 + i, width, PADDING, ALIGN_CORNERS)
+                cx = pad_tap(x0 - 1.0 + i, width, RULE)
                 inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth)
                 key = ((batch * depth + cz) * height + cy) * width + cx
-                tl.store(keys_ptr + local * 64 + (k * 16 + j * 4 + i), tl.where(inside, key, voxels), mask=point_mask)
+                tl.store(keys + local * 64 + (k * 16 + j * 4 + i), tl.where(inside, key, voxels), mask=point_mask)
 
 
 @triton.jit
-def bicubic_dx_gather_kernel(
-    grad_ptr, grid_ptr, dx_ptr, order_ptr, starts_ptr, first_point,
-    voxels, channels, depth, height, width, out_depth, out_height, out_width,
-    grad_stride_n, grad_stride_c, grad_stride_d, grad_stride_h, grad_stride_w,
-    grid_stride_n, grid_stride_d, grid_stride_h, grid_stride_w, grid_stride_k,
-    dx_stride_n, dx_stride_c, dx_stride_d, dx_stride_h, dx_stride_w,
-    ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr, ACC: tl.constexpr, FIRST_CHUNK: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
-):
+def bicubic_dx_gather_kernel(grad, grid, dx, order, starts, first_point, voxels, sizes, RULE: tl.constexpr,
+                             ACC: tl.constexpr, FIRST_CHUNK: tl.constexpr, TILE: tl.constexpr):
     """dx (``ACC``, N, C, D, H, W) += this chunk's entries, in sorted (point, tap) order; every element written.
 
     ``order`` lists entries 64 * q + tap (q counted from ``first_point``) stably sorted by
     voxel; ``starts[v]`` .. ``starts[v + 1]`` is voxel v's run. The first chunk starts
-    from zero, later ones from what dx holds.
+    from zero, later ones from what dx holds. ``TILE.block_w`` voxels x ``TILE.block_c``
+    channels a program. The weights do not depend on ``RULE.padding`` (the taps' voxels do,
+    and the sort has placed them).
     """
-    depth, height, width = wide(depth), wide(height), wide(width)
-    out_depth, out_height, out_width = wide(out_depth), wide(out_height), wide(out_width)
-    voxel = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
-    channel = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
+    channels = sizes.channels
+    depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
+    out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
+    voxel = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
+    channel = tl.program_id(1).to(tl.int64) * TILE.block_c + tl.arange(0, TILE.block_c)
     voxel_mask = voxel < voxels
     tile_mask = voxel_mask[:, None] & (channel < channels)[None, :]
     vx = voxel % width
     vy = (voxel // width) % height
     vz = (voxel // (width * height)) % depth
     batch = voxel // (width * height * depth)
-    out = dx_ptr + (batch * dx_stride_n + vz * dx_stride_d + vy * dx_stride_h + vx * dx_stride_w)[:, None] \
-        + (channel * dx_stride_c)[None, :]
+    out = dx.data + (batch * dx.strides.n + vz * dx.strides.d + vy * dx.strides.h + vx * dx.strides.w)[:, None] \
+        + (channel * dx.strides.c)[None, :]
     if FIRST_CHUNK:
-        total = tl.zeros([BLOCK_V, BLOCK_C], ACC)
+        total = tl.zeros([TILE.block_w, TILE.block_c], ACC)
     else:
         total = tl.load(out, mask=tile_mask, other=0.0)
-    first = tl.load(starts_ptr + voxel, mask=voxel_mask, other=0).to(tl.int64)
-    count = tl.load(starts_ptr + voxel + 1, mask=voxel_mask, other=0).to(tl.int64) - first
+    first = tl.load(starts + voxel, mask=voxel_mask, other=0).to(tl.int64)
+    count = tl.load(starts + voxel + 1, mask=voxel_mask, other=0).to(tl.int64) - first
     for entry in range(0, tl.max(count, axis=0)):
         live = voxel_mask & (entry < count)
-        code = tl.load(order_ptr + first + entry, mask=live, other=0)
+        code = tl.load(order + first + entry, mask=live, other=0)
         point = first_point + code // 64
         tap = code % 64
         n, d, h, w = point_position(point, out_depth, out_height, out_width)
-        ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid_ptr, n, d, h, w, grid_stride_n, grid_stride_d, grid_stride_h,
-                                                      grid_stride_w, grid_stride_k, live, depth, height, width,
-                                                      ALIGN_CORNERS, VOXELS)
+        ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid, n, d, h, w, live, depth, height, width, RULE)
         weight = (cubic_weight_at(ix - x0, tap % 4) * cubic_weight_at(iy - y0, (tap // 4) % 4)
                   * cubic_weight_at(iz - z0, tap // 16))
-        grad_offset = point_offset(n, d, h, w, grad_stride_n, grad_stride_d, grad_stride_h, grad_stride_w)
-        grad = tl.load(grad_ptr + grad_offset[:, None] + (channel * grad_stride_c)[None, :],
-                       mask=live[:, None] & tile_mask, other=0.0).to(ACC)
-        total += tl.where(live[:, None], weight.to(ACC)[:, None] * grad, 0.0)
+        grad_offset = volume_offset(n, d, h, w, grad.strides)
+        values = tl.load(grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :],
+                         mask=live[:, None] & tile_mask, other=0.0).to(ACC)
+        total += tl.where(live[:, None], weight.to(ACC)[:, None] * values, 0.0)
     tl.store(out, total, mask=tile_mask)

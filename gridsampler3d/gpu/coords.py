@@ -4,7 +4,8 @@ Triton twins of :mod:`gridsampler3d.reference`'s rules, element-wise over a bloc
 points. Indices, weights and multipliers are computed in float64 whatever the data's
 dtype, so a float32 coordinate near an integer rounds the way the golden's does; the
 kernels round weights to their accumulation type afterwards. The kernels call these and
-nothing else for coordinates.
+nothing else for coordinates. ``RULE`` is the call's :class:`.records.Rule` (a constexpr),
+a grid or its gradient an :class:`.records.Operand` with :class:`.records.PointStrides`.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..modes import Interpolation, Padding
+from ..sampling import FieldKind
 from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 from ..rounding import ROUNDER
 
@@ -34,6 +36,7 @@ NEAREST = tl.constexpr(Interpolation.NEAREST.value)
 ZEROS = tl.constexpr(Padding.ZEROS.value)
 BORDER = tl.constexpr(Padding.BORDER.value)
 REFLECTION = tl.constexpr(Padding.REFLECTION.value)
+GRID = tl.constexpr(FieldKind.GRID.value)
 
 
 @triton.jit
@@ -70,33 +73,32 @@ def reflect(index, twice_low, twice_high):
 
 
 @triton.jit
-def source_index(coord, size, origin, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr,
-                 VOXELS: tl.constexpr):
+def source_index(coord, size, origin, RULE: tl.constexpr, FORWARD: tl.constexpr):
     """Voxel index and d index / d coord (both float64) of normalised coordinates along ``size`` voxels.
 
-    With ``VOXELS`` (the fused warp) ``coord`` is a displacement in voxels from the point's
-    own position ``origin`` (int64): the index is ``origin + coord`` and its slope 1, before
-    padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
+    For a field other than a grid (``RULE.field``, the fused warp's displacement) ``coord`` is
+    a displacement in voxels from the point's own position ``origin`` (int64): the index is
+    ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
     padding (clipped to ``size - 1``); the backward lets it fall out of range.
     """
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
-    if VOXELS:
+    if RULE.field != GRID:
         index = origin.to(tl.float64) + coord
         multiplier = tl.zeros_like(coord) + 1.0
-    elif ALIGN_CORNERS:
+    elif RULE.align_corners:
         index = (coord + 1.0) * 0.5 * (extent - 1.0)
         multiplier = tl.zeros_like(coord) + (extent - 1.0) * 0.5
     else:
         index = ((coord + 1.0) * extent - 1.0) * 0.5
         multiplier = tl.zeros_like(coord) + extent * 0.5
-    if PADDING == REFLECTION:
-        if ALIGN_CORNERS:
+    if RULE.padding == REFLECTION:
+        if RULE.align_corners:
             index, sign = reflect(index, 0.0, 2.0 * (extent - 1.0))
         else:
             index, sign = reflect(index, -1.0, 2.0 * extent - 1.0)
         multiplier = multiplier * sign
-    if PADDING != ZEROS:
+    if RULE.padding != ZEROS:
         was_nan = index != index
         upper = extent - 1.0
         # The clip's bounds count as outside (gradient 0); NaN passes with 1.
@@ -111,41 +113,40 @@ def source_index(coord, size, origin, PADDING: tl.constexpr, ALIGN_CORNERS: tl.c
 
 
 @triton.jit
-def component_offsets(offset, step, VOXELS: tl.constexpr):
+def component_offsets(offset, step, FIELD: tl.constexpr):
     """Offsets (int64) of the x, y and z components of the points at ``offset`` (components ``step`` apart).
 
-    A grid holds (x, y, z); a displacement (``VOXELS``) holds (dz, dy, dx), so its x is 2 components up.
+    A grid holds (x, y, z); a displacement (any other ``FIELD``) holds (dz, dy, dx), so its x is 2 components up.
     """
-    if VOXELS:
+    if FIELD != GRID:
         return offset + 2 * wide(step), offset + step, offset
     return offset, offset + step, offset + 2 * wide(step)
 
 
 @triton.jit
-def point_indices(grid_ptr, offset, step, mask, depth, height, width, d, h, w, PADDING: tl.constexpr,
-                  ALIGN_CORNERS: tl.constexpr, FORWARD: tl.constexpr, VOXELS: tl.constexpr):
-    """(ix, iy, iz, mx, my, mz) of the grid points at int64 ``offset`` (components ``step`` apart).
+def point_indices(grid, offset, mask, depth, height, width, d, h, w, RULE: tl.constexpr, FORWARD: tl.constexpr):
+    """(ix, iy, iz, mx, my, mz) of the points of ``grid`` at int64 ``offset``.
 
-    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``VOXELS``) is measured.
+    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``RULE.field``) is measured.
     """
-    at_x, at_y, at_z = component_offsets(offset, step, VOXELS)
-    gx = tl.load(grid_ptr + at_x, mask=mask, other=0.0)
-    gy = tl.load(grid_ptr + at_y, mask=mask, other=0.0)
-    gz = tl.load(grid_ptr + at_z, mask=mask, other=0.0)
-    ix, mx = source_index(gx, width, w, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
-    iy, my = source_index(gy, height, h, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
-    iz, mz = source_index(gz, depth, d, PADDING, ALIGN_CORNERS, FORWARD, VOXELS)
+    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
+    gx = tl.load(grid.data + at_x, mask=mask, other=0.0)
+    gy = tl.load(grid.data + at_y, mask=mask, other=0.0)
+    gz = tl.load(grid.data + at_z, mask=mask, other=0.0)
+    ix, mx = source_index(gx, width, w, RULE, FORWARD)
+    iy, my = source_index(gy, height, h, RULE, FORWARD)
+    iz, mz = source_index(gz, depth, d, RULE, FORWARD)
     return ix, iy, iz, mx, my, mz
 
 
 @triton.jit
-def store_point_gradient(dgrid_ptr, offset, step, mask, grad_x, grad_y, grad_z, VOXELS: tl.constexpr):
-    """Write the gradients along x, y and z of the points at ``offset`` (components ``step`` apart), in the
-    component order of their grid or displacement (:func:`component_offsets`)."""
-    at_x, at_y, at_z = component_offsets(offset, step, VOXELS)
-    tl.store(dgrid_ptr + at_x, grad_x, mask=mask)
-    tl.store(dgrid_ptr + at_y, grad_y, mask=mask)
-    tl.store(dgrid_ptr + at_z, grad_z, mask=mask)
+def store_point_gradient(dgrid, offset, mask, grad_x, grad_y, grad_z, FIELD: tl.constexpr):
+    """Write the gradients along x, y and z of the points of ``dgrid`` at ``offset``, in the component order of
+    their grid or displacement (:func:`component_offsets`)."""
+    at_x, at_y, at_z = component_offsets(offset, dgrid.strides.k, FIELD)
+    tl.store(dgrid.data + at_x, grad_x, mask=mask)
+    tl.store(dgrid.data + at_y, grad_y, mask=mask)
+    tl.store(dgrid.data + at_z, grad_z, mask=mask)
 
 
 @triton.jit
@@ -177,18 +178,17 @@ def linear_weight(index, corner, step):
 
 
 @triton.jit
-def cell_taps(ix, iy, iz, depth, height, width, stride_d, stride_h, stride_w, INTERPOLATION: tl.constexpr,
-              WEIGHT: tl.constexpr):
+def cell_taps(ix, iy, iz, depth, height, width, strides, INTERPOLATION: tl.constexpr, WEIGHT: tl.constexpr):
     """The taps of points at indices (ix, iy, iz), as three tuples over taps: offset (int64, within
-    a batch item), inside (bool) and weight (the float64 product rounded once to ``WEIGHT``;
-    trilinear only). Trilinear has 8 taps in PyTorch's order (bit 0 steps x, bit 1 y, bit 2 z),
-    nearest one. Computed once per point, used by every channel."""
+    a batch item of a volume with these ``strides``), inside (bool) and weight (the float64
+    product rounded once to ``WEIGHT``; trilinear only). Trilinear has 8 taps in PyTorch's order
+    (bit 0 steps x, bit 1 y, bit 2 z), nearest one. Computed once per point, used by every channel."""
     x0, y0, z0 = base_corner(ix, INTERPOLATION), base_corner(iy, INTERPOLATION), base_corner(iz, INTERPOLATION)
     offsets, insides, weights = (), (), ()
     for tap in tl.static_range(1 if INTERPOLATION == NEAREST else 8):
         step_x, step_y, step_z = tap & 1, (tap >> 1) & 1, tap >> 2
         cx, cy, cz = x0 + step_x, y0 + step_y, z0 + step_z
-        offsets = offsets + (cz * stride_d + cy * stride_h + cx * stride_w,)
+        offsets = offsets + (cz * strides.d + cy * strides.h + cx * strides.w,)
         insides = insides + ((cx >= 0) & (cx < width) & (cy >= 0) & (cy < height) & (cz >= 0) & (cz < depth),)
         weight = tap_weight(ix, x0, step_x) * tap_weight(iy, y0, step_y) * tap_weight(iz, z0, step_z)
         weights = weights + (weight.to(WEIGHT),)
@@ -196,22 +196,22 @@ def cell_taps(ix, iy, iz, depth, height, width, stride_d, stride_h, stride_w, IN
 
 
 @triton.jit
-def tile_points(out_depth, out_height, out_width, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                BLOCK_W: tl.constexpr):
+def tile_points(out_depth, out_height, out_width, TILE: tl.constexpr):
     """This program's output points: (n, d, h, w, mask), n a scalar, d, h, w int64 vectors.
 
-    Programs tile each batch item of the output in BLOCK_D x BLOCK_H x BLOCK_W patches
-    (launch grid: (N * cdiv(Do, BLOCK_D) * cdiv(Ho, BLOCK_H), cdiv(Wo, BLOCK_W))), so the
-    only divisions by a size are a few per program; a point's d, h and w come from its lane
-    by shifts and masks. A wide output gives patches of one row (BLOCK_D = BLOCK_H = 1).
+    Programs tile each batch item of the output in patches of the :class:`.records.Tile`'s
+    block_d x block_h x block_w points (launch grid: ``launch.patch_grid``, (N * cdiv(Do,
+    block_d) * cdiv(Ho, block_h), cdiv(Wo, block_w))), so the only divisions by a size are a
+    few per program; a point's d, h and w come from its lane by shifts and masks. A wide
+    output gives patches of one row (block_d = block_h = 1).
     """
-    h_blocks = tl.cdiv(out_height, BLOCK_H)
-    d_blocks = tl.cdiv(out_depth, BLOCK_D)
+    h_blocks = tl.cdiv(out_height, TILE.block_h)
+    d_blocks = tl.cdiv(out_depth, TILE.block_d)
     program = tl.program_id(0).to(tl.int64)
-    lane = tl.arange(0, BLOCK_D * BLOCK_H * BLOCK_W)
-    w = tl.program_id(1).to(tl.int64) * BLOCK_W + lane % BLOCK_W
-    h = (program % h_blocks) * BLOCK_H + (lane // BLOCK_W) % BLOCK_H
-    d = ((program // h_blocks) % d_blocks) * BLOCK_D + lane // (BLOCK_W * BLOCK_H)
+    lane = tl.arange(0, TILE.block_d * TILE.block_h * TILE.block_w)
+    w = tl.program_id(1).to(tl.int64) * TILE.block_w + lane % TILE.block_w
+    h = (program % h_blocks) * TILE.block_h + (lane // TILE.block_w) % TILE.block_h
+    d = ((program // h_blocks) % d_blocks) * TILE.block_d + lane // (TILE.block_w * TILE.block_h)
     return program // (h_blocks * d_blocks), d, h, w, (d < out_depth) & (h < out_height) & (w < out_width)
 
 
@@ -225,23 +225,37 @@ def point_position(point, out_depth, out_height, out_width):
     return n, d, h, w
 
 
+# Two helpers for one sum: Triton instantiates a helper once per kernel for each list of
+# argument types, and a record's type is its members' types without their names, so one
+# helper called with a VolumeStrides and a PointStrides of the same member types would read
+# the second through the first's field names (records.py). A helper takes one record class.
+
+
 @triton.jit
-def point_offset(n, d, h, w, stride_n, stride_d, stride_h, stride_w):
-    """Element offset (int64) of output point (n, d, h, w) in a tensor with these strides."""
-    return n * stride_n + d * stride_d + h * stride_h + w * stride_w
+def point_offset(n, d, h, w, strides):
+    """Element offset (int64) of point (n, d, h, w) (its component 0) in a field with these
+    :class:`.records.PointStrides`."""
+    return n * strides.n + d * strides.d + h * strides.h + w * strides.w
+
+
+@triton.jit
+def volume_offset(n, d, h, w, strides):
+    """Element offset (int64) of voxel (n, d, h, w) (its channel 0) in an (N, C, D, H, W) tensor with these
+    :class:`.records.VolumeStrides`."""
+    return n * strides.n + d * strides.d + h * strides.h + w * strides.w
 
 
 # ---- bicubic: padding applies to each tap; the point's index is only unnormalised ----
 
 @triton.jit
-def unnormalize(coord, size, origin, ALIGN_CORNERS: tl.constexpr, VOXELS: tl.constexpr):
+def unnormalize(coord, size, origin, RULE: tl.constexpr):
     """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels
-    (with ``VOXELS``: of displacements from ``origin``, see :func:`source_index`)."""
+    (for a field other than a grid, ``RULE.field``: of displacements from ``origin``, see :func:`source_index`)."""
     coord = coord.to(tl.float64)
-    if VOXELS:
+    if RULE.field != GRID:
         return origin.to(tl.float64) + coord, tl.zeros_like(coord) + 1.0
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
-    if ALIGN_CORNERS:
+    if RULE.align_corners:
         return (coord + 1.0) * 0.5 * (extent - 1.0), tl.zeros_like(coord) + (extent - 1.0) * 0.5
     return ((coord + 1.0) * extent - 1.0) * 0.5, tl.zeros_like(coord) + extent * 0.5
 
@@ -294,15 +308,15 @@ def cubic_slope(t, STEP: tl.constexpr):
 
 
 @triton.jit
-def pad_tap(coord, size, PADDING: tl.constexpr, ALIGN_CORNERS: tl.constexpr):
+def pad_tap(coord, size, RULE: tl.constexpr):
     """Where padding sends the integer tap coordinate ``coord`` (float64), as int64; unusable -> out of range."""
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
-    if PADDING == REFLECTION:
-        if ALIGN_CORNERS:
+    if RULE.padding == REFLECTION:
+        if RULE.align_corners:
             coord, _ = reflect(coord, 0.0, 2.0 * (extent - 1.0))
         else:
             coord, _ = reflect(coord, -1.0, 2.0 * extent - 1.0)
-    if PADDING != ZEROS:
+    if RULE.padding != ZEROS:
         upper = extent - 1.0
         coord = tl.where(coord <= 0.0, 0.0, tl.where(coord >= upper, upper, coord))
     safe = (coord <= INT_MAX - 1) & (coord >= INT_MIN)

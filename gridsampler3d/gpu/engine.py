@@ -6,9 +6,13 @@ float16 and bfloat16 accumulate in float32 in the forward and in the fast (atomi
 in float64, rounded once, in the deterministic dx (docs/semantics.md, "Dtypes"); float32 in
 float32; float64 in float64. Indices and weights are computed in float64 throughout.
 
-A displacement runs the same kernels with the constexpr ``VOXELS``: they read the
-displacement in place of a grid (strides handed over in point order,
-:meth:`.sampling.Field.point_strides`) and write its gradient through its own strides.
+Every kernel takes its operands as records (:mod:`.records`, built by :mod:`.launch`): a
+tensor and its strides as one :class:`.records.Operand`, the sizes as one
+:class:`.records.Sizes`, and the constexprs ``RULE`` (:func:`.launch.kernel_rule`), ``TILE``
+(:meth:`.planner.Tile.keywords`) and ``OUTPUTS``. A displacement runs the same kernels with
+``RULE.field``: they read the displacement in place of a grid (strides handed over in
+point order, :meth:`.sampling.Field.point_strides`) and write its gradient through its own
+strides.
 """
 from __future__ import annotations
 
@@ -22,8 +26,9 @@ from ..modes import Interpolation
 from ..sampling import Field, Outputs, Sampling
 from . import autotune
 from .gathered import gathered_bicubic_dx, gathered_dx
-from .launch import (accumulator, fusion, interpreter_enabled, kernels, launch_tuned, modes, patch_grid, points_of,
-                     store_dtype)
+from .launch import (accumulator, field_operand, fusion, interpreter_enabled, kernel_rule, kernels, launch_tuned,
+                     patch_grid, points_of, sizes_of, store_dtype, volume_operand)
+from .records import constexpr_members
 from .planner import DxMethod, FieldPass, GpuCall, GpuPlan, Stage, make_plan
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
@@ -118,14 +123,12 @@ class TritonBackend:
 def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> None:
     """y by the trilinear / nearest forward kernel, in the plan's patches."""
     forward, _, _ = kernels()
-    sizes = (*x.shape[2:], *field.out_sizes)
-    strides = (*x.stride(), *field.point_strides(), *y.stride())
-    flags = dict(modes(sampling, field.kind), INTERPOLATION=int(sampling.interpolation),
-                 ACC=accumulator(plan.sums), **fusion(x.dtype))
+    operands = (volume_operand(x), field_operand(field), volume_operand(y), sizes_of(x, field))
+    constexprs = dict(RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums), **fusion(x.dtype))
 
     def launch(tile):
         forward.grid_sampler3d_fwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            x, field.tensor, y, x.shape[1], *sizes, *strides, **flags, **tile.patch())
+            *operands, **constexprs, **tile.keywords())
 
     launch_tuned("forward", plan, x, launch)
 
@@ -135,9 +138,8 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> N
     _, _, bicubic = kernels()
     points, tile = points_of(x, field), plan.tile
     bicubic.bicubic_fwd_kernel[(-(-points // tile.block_w), -(-x.shape[1] // tile.block_c))](
-        x, field.tensor, y, points, x.shape[1], *x.shape[2:], *field.out_sizes, *x.stride(),
-        *field.point_strides(), *y.stride(), **modes(sampling, field.kind), ACC=accumulator(plan.sums),
-        BLOCK_P=tile.block_w, BLOCK_C=tile.block_c, **fusion(x.dtype))
+        volume_operand(x), field_operand(field), volume_operand(y), points, sizes_of(x, field),
+        RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums), **tile.keywords(), **fusion(x.dtype))
 
 
 def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
@@ -148,21 +150,20 @@ def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
     grad, x, field, sampling = call
     want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.field_pass == FieldPass.WALK
     dx_target, dfield_target = (dx if want_dx else x), (dfield if want_dfield else field.tensor)
-    operands = (grad, x, field.tensor, dx_target, dfield_target)
-    sizes_and_strides = (*x.shape[2:], *field.out_sizes, *grad.stride(), *x.stride(), *field.point_strides(),
-                         *dx_target.stride(), *field.point_strides(dfield_target.stride()))
-    flags = dict(modes(sampling, field.kind), ACC=accumulator(plan.sums), WANT_DX=want_dx, WANT_DGRID=want_dfield,
-                 **fusion(x.dtype))
+    operands = (volume_operand(grad), volume_operand(x), field_operand(field), volume_operand(dx_target),
+                field_operand(field, dfield_target))
+    constexprs = dict(RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums),
+                      OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield)), **fusion(x.dtype))
     if plan.interpolation == Interpolation.BICUBIC:
         points, tile = points_of(x, field), plan.tile
         bicubic.bicubic_bwd_kernel[(-(-points // tile.block_w),)](
-            *operands, points, x.shape[1], *sizes_and_strides, **flags, BLOCK_P=tile.block_w, BLOCK_C=tile.block_c)
+            *operands, points, sizes_of(x, field), **constexprs, **tile.keywords())
         return
 
     def launch(tile):
         if want_dx:
             dx.zero_()  # a timed launch has added into it
         backward.grid_sampler3d_bwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            *operands, x.shape[1], *sizes_and_strides, **flags, INTERPOLATION=int(plan.interpolation), **tile.patch())
+            *operands, sizes_of(x, field), **constexprs, **tile.keywords())
 
     launch_tuned("backward", plan, x, launch)

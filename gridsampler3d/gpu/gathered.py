@@ -17,8 +17,10 @@ from ..layout import memory_format_of
 from ..modes import Interpolation
 from ..rounding import round_once
 from ..sampling import Field, Sampling
-from .launch import accumulator, fusion, kernels, launch_tuned, modes, points_of, store_dtype
-from .planner import GpuPlan
+from .launch import (accumulator, field_operand, fusion, kernel_rule, kernels, launch_tuned, points_of, sizes_of,
+                     store_dtype, volume_operand)
+from .planner import GpuPlan, Tile
+from .records import SortedRecords, VolumeStrides
 
 __all__ = ["gathered_bicubic_dx", "gathered_dx"]
 
@@ -68,26 +70,26 @@ def _exact_store_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling):
-    """(starts, counts, records, grad_offsets): points keyed by their lowest corner and stably sorted; each point's
-    record (its source indices, trilinear) and where its grad lies, written once in sorted order."""
+    """(starts, counts, sorted points): points keyed by their lowest corner and stably sorted; each point's record
+    (its source indices, trilinear) and where its grad lies, written once in sorted order
+    (:class:`.records.SortedRecords`)."""
     _, backward, _ = kernels()
     batch, _, depth, height, width = x.shape
-    points, flags = points_of(x, field), dict(modes(sampling, field.kind), INTERPOLATION=int(plan.interpolation))
+    points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
     buckets = batch * (depth + 1) * (height + 1) * (width + 1)
     keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
-    block_p = 256
-    backward.bucket_keys_kernel[(-(-points // block_p),)](
-        field.tensor, keys, points, depth, height, width, *field.out_sizes, *field.point_strides(), **flags,
-        BLOCK_P=block_p)
+    tile = Tile(block_w=256)
+    backward.bucket_keys_kernel[(-(-points // tile.block_w),)](
+        field_operand(field), keys, points, sizes, RULE=rule, **tile.keywords())
     order = torch.sort(keys, stable=True).indices
     starts, counts = _bucket_starts(keys, buckets + 1, points)
     trilinear = plan.interpolation != Interpolation.NEAREST
-    grad_offsets = torch.empty(points, dtype=torch.int64, device=x.device)
-    records = torch.empty(3 * points if trilinear else 1, dtype=torch.float64, device=x.device)
-    backward.sorted_records_kernel[(-(-points // block_p),)](
-        field.tensor, order, records, grad_offsets, points, depth, height, width, *field.out_sizes, grad.stride(0),
-        *grad.stride()[2:], *field.point_strides(), **flags, BLOCK_P=block_p)
-    return starts, counts, records, grad_offsets
+    sorted_points = SortedRecords(torch.empty(3 * points if trilinear else 1, dtype=torch.float64, device=x.device),
+                                  torch.empty(points, dtype=torch.int64, device=x.device), points)
+    backward.sorted_records_kernel[(-(-points // tile.block_w),)](
+        field_operand(field), order, sorted_points, sizes, VolumeStrides(*grad.stride()), RULE=rule,
+        **tile.keywords())
+    return starts, counts, sorted_points
 
 
 def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> torch.Tensor:
@@ -95,8 +97,7 @@ def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> tor
     types: in float64, rounded once)."""
     _, backward, _ = kernels()
     batch, channels, depth, height, width = x.shape
-    starts, counts, records, grad_offsets = _sorted_records(plan, grad, x, field, sampling)
-    points = grad_offsets.numel()
+    starts, counts, sorted_points = _sorted_records(plan, grad, x, field, sampling)
     buckets = batch * (depth + 1) * (height + 1) * (width + 1)
     acc, block_c = accumulator(plan.dx_sums), plan.gather_tile.block_c
     chunked = chunks(starts, counts, buckets, plan.chunk)
@@ -108,20 +109,20 @@ def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> tor
         # In the accumulation dtype: float32 for float32, float64 otherwise.
         partials = torch.empty(first.numel(), taps, channels, device=x.device,
                                dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
-        block_k = 64
-        backward.bucket_partials_kernel[(-(-first.numel() // block_k), taps, -(-channels // block_c))](
-            grad, records, grad_offsets, partials, first, count, points, first.numel(), channels, grad.stride(1),
-            INTERPOLATION=int(plan.interpolation), ACC=acc, CHUNK=plan.chunk, BLOCK_K=block_k, BLOCK_C=block_c,
+        partials_tile = Tile(block_w=64, block_c=block_c)  # block_w: chunks
+        backward.bucket_partials_kernel[(-(-first.numel() // partials_tile.block_w), taps, -(-channels // block_c))](
+            volume_operand(grad), sorted_points, partials, first, count, first.numel(), channels,
+            INTERPOLATION=int(plan.interpolation), ACC=acc, CHUNK=plan.chunk, **partials_tile.keywords(),
             **fusion(x.dtype))
     dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
     voxels = batch * depth * height * width
+    operands = (volume_operand(grad), sorted_points, volume_operand(dx), starts, chunk_starts, partials, voxels,
+                sizes_of(x, field))
 
     def launch(tile):
         backward.dx_gather_kernel[(-(-voxels // tile.block_w), -(-channels // tile.block_c))](
-            grad, records, grad_offsets, dx, starts, chunk_starts, partials, points, voxels, channels, depth,
-            height, width, grad.stride(1), *dx.stride(), INTERPOLATION=int(plan.interpolation), ACC=acc,
-            SPLIT=chunked is not None, BLOCK_V=tile.block_w, BLOCK_C=tile.block_c, num_warps=tile.num_warps,
-            **fusion(x.dtype))
+            *operands, INTERPOLATION=int(plan.interpolation), ACC=acc, SPLIT=chunked is not None,
+            **tile.keywords(), **fusion(x.dtype))
 
     launch_tuned("dx_gather", plan, x, launch, gather=True)
     return round_once(dx, x.dtype)
@@ -133,22 +134,21 @@ def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling
     Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
     _, _, bicubic = kernels()
     batch, channels, depth, height, width = x.shape
-    points, flags = points_of(x, field), modes(sampling, field.kind)
+    points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
     voxel_count = batch * depth * height * width
     dx = torch.empty_like(x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
                           memory_format=memory_format_of(x))
-    block_p, tile = 64, plan.gather_tile
+    keys_tile, tile = Tile(block_w=64), plan.gather_tile
+    operands = (volume_operand(grad), field_operand(field), volume_operand(dx))
     for first_point in range(0, points, plan.chunk):
         count = min(plan.chunk, points - first_point)
         keys = torch.empty(count * 64, dtype=_index_dtype(voxel_count + 1), device=x.device)
-        bicubic.bicubic_tap_keys_kernel[(-(-count // block_p),)](
-            field.tensor, keys, first_point, first_point + count, voxel_count, depth, height, width,
-            *field.out_sizes, *field.point_strides(), **flags, BLOCK_P=block_p)
+        bicubic.bicubic_tap_keys_kernel[(-(-count // keys_tile.block_w),)](
+            field_operand(field), keys, first_point, first_point + count, voxel_count, sizes, RULE=rule,
+            **keys_tile.keywords())
         order = torch.sort(keys, stable=True).indices
         starts, _ = _bucket_starts(keys, voxel_count + 1, count * 64)
         bicubic.bicubic_dx_gather_kernel[(-(-voxel_count // tile.block_w), -(-channels // tile.block_c))](
-            grad, field.tensor, dx, order, starts, first_point, voxel_count, channels, depth, height, width,
-            *field.out_sizes, *grad.stride(), *field.point_strides(), *dx.stride(),
-            ALIGN_CORNERS=sampling.align_corners, VOXELS=flags["VOXELS"], ACC=accumulator(plan.dx_sums),
-            FIRST_CHUNK=first_point == 0, BLOCK_V=tile.block_w, BLOCK_C=tile.block_c, **fusion(x.dtype))
+            *operands, order, starts, first_point, voxel_count, sizes, RULE=rule, ACC=accumulator(plan.dx_sums),
+            FIRST_CHUNK=first_point == 0, **tile.keywords(), **fusion(x.dtype))
     return round_once(dx, x.dtype)

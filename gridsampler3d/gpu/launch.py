@@ -1,4 +1,5 @@
-"""What every launch of the GPU engine shares: the kernel modules, the kernels' constexprs, launch grids, tuning.
+"""What every launch of the GPU engine shares: the kernel modules, the records the kernels take (:mod:`.records`),
+the kernels' constexprs, launch grids, tuning.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from ..layout import memory_format_of
 from ..sampling import Field, FieldKind, Sampling
 from . import autotune
 from .planner import GpuPlan
+from .records import Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
 
-__all__ = ["accumulator", "fusion", "interpreter_enabled", "kernels", "launch_tuned", "modes", "patch_grid",
-           "points_of", "store_dtype"]
+__all__ = ["accumulator", "field_operand", "fusion", "interpreter_enabled", "kernel_rule", "kernels", "launch_tuned",
+           "patch_grid", "points_of", "sizes_of", "store_dtype", "volume_operand"]
 
 
 def interpreter_enabled() -> bool:
@@ -53,10 +55,27 @@ def fusion(dtype: torch.dtype) -> dict:
     return {"enable_fp_fusion": dtype != torch.float64}
 
 
-def modes(sampling: Sampling, field: FieldKind) -> dict:
-    """The kernels' constexprs of the call's records."""
-    return dict(PADDING=int(sampling.padding), ALIGN_CORNERS=sampling.align_corners,
-                VOXELS=field == FieldKind.DISPLACEMENT)
+def kernel_rule(sampling: Sampling, field: FieldKind) -> Rule:
+    """The kernels' constexpr ``RULE`` of the call's records (:func:`constexpr_members`)."""
+    return constexpr_members(Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
+                                  int(field)))
+
+
+def volume_operand(tensor) -> Operand:
+    """An (N, C, D, H, W) tensor (x, y, grad, dx) as the kernels take it, read in place through its strides."""
+    return Operand(tensor, VolumeStrides(*tensor.stride()))
+
+
+def field_operand(field: Field, tensor=None) -> Operand:
+    """The field's tensor (or ``tensor``, another of its shape: its gradient) as the kernels take it, strides in
+    point order (:meth:`.sampling.Field.point_strides`)."""
+    tensor = field.tensor if tensor is None else tensor
+    return Operand(tensor, PointStrides(*field.point_strides(tensor.stride())))
+
+
+def sizes_of(x, field: Field) -> Sizes:
+    """The call's sizes: x's channels and (D, H, W), the field's (Do, Ho, Wo)."""
+    return Sizes(x.shape[1], *x.shape[2:], *field.out_sizes)
 
 
 def launch_tuned(kernel: str, plan: GpuPlan, x: torch.Tensor, launch, gather: bool = False) -> None:

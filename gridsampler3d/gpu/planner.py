@@ -20,6 +20,7 @@ import math
 
 from ..modes import Interpolation
 from ..sampling import FieldKind, Outputs, Sampling
+from . import records
 
 __all__ = ["DxMethod", "FieldPass", "GpuCall", "GpuPlan", "Stage", "Tile", "make_plan"]
 
@@ -71,9 +72,10 @@ class Tile:
             f"{self.block_w}"
         return f"{points} x {self.block_c} channel{'s' * (self.block_c > 1)}, {self.num_warps} warps"
 
-    def patch(self) -> dict:
-        """The patch kernels' launch keywords."""
-        return {"BLOCK_D": self.block_d, "BLOCK_H": self.block_h, "BLOCK_W": self.block_w, "BLOCK_C": self.block_c,
+    def keywords(self) -> dict:
+        """The kernels' launch keywords: the constexpr ``TILE`` (:class:`.records.Tile`, this shape's block sizes)
+        and the launch option ``num_warps``."""
+        return {"TILE": records.constexpr_members(records.Tile(self.block_w, self.block_c, self.block_h, self.block_d)),
                 "num_warps": self.num_warps}
 
 
@@ -176,12 +178,12 @@ def channel_block(call: GpuCall) -> int:
 
 
 def patch_tile(call: GpuCall, elements: int, num_warps: int | None = None) -> Tile:
-    """Launch shape of the trilinear / nearest kernels: BLOCK_D x BLOCK_H x BLOCK_W output points per program.
+    """Launch shape of the trilinear / nearest kernels: block_d x block_h x block_w output points per program.
 
     NCDHW: one channel per step, lanes along points, ``elements`` points per program.
     Channels-last: a channel vector per step, about ``elements`` elements per program.
-    Either way few enough that no thread spills (docs/gpu.md, registers). BLOCK_W follows
-    the output's width (idle lanes cost as much as busy ones); BLOCK_H, then BLOCK_D, fill
+    Either way few enough that no thread spills (docs/gpu.md, registers). block_w follows
+    the output's width (idle lanes cost as much as busy ones); block_h, then block_d, fill
     the rest of the patch. ``num_warps`` overrides the warps that follow from the patch's size.
     """
     block_c = channel_block(call)
