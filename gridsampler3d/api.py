@@ -11,6 +11,7 @@ The fused warp samples at identity + a displacement in voxels, with no grid:
     volume, dvolume                (N, C, D, H, W)  /  (N, D, H, W, C)
     displacement, ddisplacement    (N, 3, D, H, W)  /  (N, D, H, W, 3)  ((dz, dy, dx) in voxels)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,16 @@ def sample(x: torch.Tensor, field: Field, sampling: Sampling, backend: str = "au
     return engine.forward(x, field, sampling)
 
 
-def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs, *,
-                    backend: str = "auto", deterministic: bool | None = None):
+def sample_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    field: Field,
+    sampling: Sampling,
+    outputs: Outputs,
+    *,
+    backend: str = "auto",
+    deterministic: bool | None = None,
+):
     """The backward of checked operands, for every kind of field, on logical NCDHW tensors: what
     :func:`grid_sampler3d_backward` and :func:`warp3d_backward` run after their checks.
 
@@ -63,8 +72,15 @@ def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling:
     return engine.backward(grad, x, field, sampling, outputs, deterministic)
 
 
-def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                   align_corners=False, data_format="NCDHW", backend="auto"):
+def grid_sampler3d(
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    data_format="NCDHW",
+    backend="auto",
+):
     """Sample a volume at grid points (``aten::grid_sampler_3d``).
 
     Args:
@@ -91,9 +107,18 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
     return _like_caller(from_ncdhw(y, data_format), caller_input)
 
 
-def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                            align_corners=False, output_mask=(True, True), data_format="NCDHW",
-                            backend="auto", deterministic=None):
+def grid_sampler3d_backward(
+    grad,
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    backend="auto",
+    deterministic=None,
+):
     """Gradients of grid sampling (``aten::grid_sampler_3d_backward``, aclnn GridSampler3DGrad).
 
     Args:
@@ -119,8 +144,15 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     deterministic = check_deterministic(deterministic)
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    dx, dgrid = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(input, data_format), Field.grid(grid),
-                                sampling, outputs, backend=backend, deterministic=deterministic)
+    dx, dgrid = sample_backward(
+        to_ncdhw(grad, data_format),
+        to_ncdhw(input, data_format),
+        Field.grid(grid),
+        sampling,
+        outputs,
+        backend=backend,
+        deterministic=deterministic,
+    )
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
     return dx, _like_caller(dgrid, caller_grid)
@@ -142,8 +174,16 @@ def _displacement_from_n3dhw(tensor: torch.Tensor, displacement_format: Displace
     return tensor
 
 
-def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="border", align_corners=True,
-           data_format="NCDHW", displacement_format="N3DHW", backend="auto"):
+def warp3d(
+    volume,
+    displacement,
+    interpolation_mode="bilinear",
+    padding_mode="border",
+    align_corners=True,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+):
     """Sample a volume at identity + displacement, with no grid tensor (the registration warp).
 
     Output voxel (d, h, w) is ``volume`` sampled at voxel position (w + dx, h + dy, d + dz),
@@ -171,14 +211,23 @@ def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="bo
     displacement_format = parse_displacement_format(displacement_format)
     caller_volume = volume
     volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
-    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling,
-               backend)
+    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling, backend)
     return _like_caller(from_ncdhw(y, data_format), caller_volume)
 
 
-def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", padding_mode="border",
-                    align_corners=True, output_mask=(True, True), data_format="NCDHW", displacement_format="N3DHW",
-                    backend="auto", deterministic=None):
+def warp3d_backward(
+    grad,
+    volume,
+    displacement,
+    interpolation_mode="bilinear",
+    padding_mode="border",
+    align_corners=True,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+    deterministic=None,
+):
     """Gradients of the fused warp :func:`warp3d`: (dvolume, ddisplacement).
 
     Args:
@@ -203,9 +252,15 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     deterministic = check_deterministic(deterministic)
     caller_volume, caller_displacement = volume, displacement
     grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
-    dx, dfield = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format),
-                                 displacement_field(displacement, displacement_format), sampling, outputs,
-                                 backend=backend, deterministic=deterministic)
+    dx, dfield = sample_backward(
+        to_ncdhw(grad, data_format),
+        to_ncdhw(volume, data_format),
+        displacement_field(displacement, displacement_format),
+        sampling,
+        outputs,
+        backend=backend,
+        deterministic=deterministic,
+    )
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
     if dfield is not None:
@@ -213,8 +268,19 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     return dx, dfield
 
 
-def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-            output_mask=(True, True), data_format="NCDHW", field_kind="grid", device=None, deterministic=None):
+def explain(
+    input,
+    field,
+    grad=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    field_kind="grid",
+    device=None,
+    deterministic=None,
+):
     """The plan an engine makes for a call, made as the call would make it, without running any kernel.
 
     With ``grad`` the plan is the backward's (:func:`grid_sampler3d_backward`), else the
@@ -240,11 +306,17 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
     outputs = Outputs(*parse_output_mask(output_mask))
     kind = _parse_field_kind(field_kind)
     if kind == FieldKind.DISPLACEMENT:
-        checked = check_warp(input, field, data_format, DisplacementFormat.N3DHW) if grad is None else \
-            check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+        checked = (
+            check_warp(input, field, data_format, DisplacementFormat.N3DHW)
+            if grad is None
+            else check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+        )
     else:
-        checked = check_forward(input, field, data_format) if grad is None else \
-            check_backward(grad, input, field, data_format)
+        checked = (
+            check_forward(input, field, data_format)
+            if grad is None
+            else check_backward(grad, input, field, data_format)
+        )
     grad, input, field_tensor = (None, *checked) if grad is None else checked
     x = to_ncdhw(input, data_format)
     grad = None if grad is None else to_ncdhw(grad, data_format)
@@ -254,11 +326,14 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
         from .gpu.engine import plan_call as plan_gpu_call
 
         deterministic = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
-        return plan_gpu_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic),
-                             device=device)
+        return plan_gpu_call(
+            x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic), device=device
+        )
     if device.type != "cpu" or x.device.type != "cpu":
-        raise ValueError(f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
-                         f"{x.device} and device={device}")
+        raise ValueError(
+            f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
+            f"{x.device} and device={device}"
+        )
     from .cpu.engine import plan_call
     from .cpu.planner import Stage
 
@@ -267,7 +342,7 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
 
 
 def _parse_field_kind(value) -> FieldKind:
-    """"grid" or "displacement" (or a :class:`.sampling.FieldKind`) -> FieldKind."""
+    """ "grid" or "displacement" (or a :class:`.sampling.FieldKind`) -> FieldKind."""
     if isinstance(value, FieldKind):
         return value
     names = {kind.name.lower(): kind for kind in FieldKind}

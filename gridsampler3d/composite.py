@@ -6,6 +6,7 @@ this composite, which follows the same coordinate rules (reference.py) with torc
 It gathers per tap, so it takes memory proportional to channels x points: it is used
 only when a second derivative is asked for.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,6 +69,7 @@ def _pad_tap(coord, size: int, padding: Padding, align_corners: bool):
 
 def _cubic_weights(t):
     """The four cubic convolution weights (taps floor - 1 .. floor + 2) at fraction t."""
+
     def near(x):
         return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
 
@@ -83,8 +85,9 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, kin
     index = [_unnormalize(grid[..., axis], size, align_corners, kind) for axis, size in enumerate(sizes)]
     lows = [torch.floor(i).detach() for i in index]
     weights = [_cubic_weights(i - low) for i, low in zip(index, lows)]
-    corners = [[_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)]
-               for low, size in zip(lows, sizes)]
+    corners = [
+        [_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)] for low, size in zip(lows, sizes)
+    ]
     output = torch.zeros(out_shape, dtype=x.dtype, device=x.device)
     for k in range(4):
         for j in range(4):
@@ -103,8 +106,9 @@ def _positions(field, kind: FieldKind):
         return field
     depth, height, width = field.shape[2:]
     options = {"dtype": field.dtype, "device": field.device}
-    zz, yy, xx = torch.meshgrid(torch.arange(depth, **options), torch.arange(height, **options),
-                                torch.arange(width, **options), indexing="ij")
+    zz, yy, xx = torch.meshgrid(
+        torch.arange(depth, **options), torch.arange(height, **options), torch.arange(width, **options), indexing="ij"
+    )
     return torch.stack([xx + field[:, 2], yy + field[:, 1], zz + field[:, 0]], dim=-1)
 
 
@@ -125,8 +129,10 @@ def sample(x, field, kind: FieldKind, sampling: Sampling):
 
     if interpolation == Interpolation.BICUBIC:
         return _bicubic(x, grid, padding, align_corners, tap, out_shape, kind)
-    index = [_source_index(grid[..., axis], size, padding, align_corners, kind)
-             for axis, size in enumerate((width, height, depth))]
+    index = [
+        _source_index(grid[..., axis], size, padding, align_corners, kind)
+        for axis, size in enumerate((width, height, depth))
+    ]
 
     if interpolation == Interpolation.NEAREST:
         values, valid = tap(*(torch.round(i).detach() for i in index))  # round half to even, as nearbyint

@@ -16,6 +16,7 @@ The field kinds and the layout each engine sees (logical NCDHW order, any stride
     DISPLACEMENT  (N, 3, Do, Ho, Wo)   (dz, dy, dx) in input voxels from the output point's own
                                        position (the fused warp: Do, Ho, Wo are the input's sizes)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,9 @@ class Sampling:
     @classmethod
     def parse(cls, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False) -> Sampling:
         """The record of the API's attributes: names or aclnn codes (:mod:`.modes`), and a bool."""
-        return cls(parse_interpolation(interpolation_mode), parse_padding(padding_mode),
-                   parse_align_corners(align_corners))
+        return cls(
+            parse_interpolation(interpolation_mode), parse_padding(padding_mode), parse_align_corners(align_corners)
+        )
 
     def __str__(self) -> str:
         corners = ", align_corners" if self.align_corners else ""

@@ -4,6 +4,7 @@ Each check raises one ``TypeError`` or ``ValueError`` whose message names the te
 expected value and the actual one. Inputs may be torch tensors or NumPy arrays; the
 checks see them through :func:`as_tensor`, which never copies a tensor.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,16 @@ import torch
 
 from .modes import DataFormat, DisplacementFormat
 
-__all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_deterministic",
-           "DTYPES", "FLOAT_DTYPES"]
+__all__ = [
+    "as_tensor",
+    "check_forward",
+    "check_backward",
+    "check_warp",
+    "check_warp_backward",
+    "check_deterministic",
+    "DTYPES",
+    "FLOAT_DTYPES",
+]
 
 #: The dtypes the operator takes, by the names the golden kit's files, the commands and the tables use.
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -26,8 +35,9 @@ def as_tensor(value, name: str) -> torch.Tensor:
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.type not in _NUMPY_FLOATS:
-            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64 for NumPy "
-                            f"arrays); got {value.dtype}")
+            raise TypeError(
+                f"{name} must have a floating dtype (float16, float32 or float64 for NumPy arrays); got {value.dtype}"
+            )
         try:
             return torch.from_numpy(value)
         except ValueError:
@@ -54,8 +64,7 @@ def _check_same(tensors: dict[str, torch.Tensor]) -> None:
         if other.dtype != first.dtype:
             raise TypeError(f"{name} must have the same dtype as {names[0]} ({first.dtype}); got {other.dtype}")
         if other.device != first.device:
-            raise ValueError(f"{name} must be on the same device as {names[0]} ({first.device}); "
-                             f"got {other.device}")
+            raise ValueError(f"{name} must be on the same device as {names[0]} ({first.device}); got {other.device}")
 
 
 def _split_layout(shape, data_format: DataFormat):
@@ -104,13 +113,15 @@ def check_backward(grad, input, grid, data_format: DataFormat):
     if grad_channels != channels:
         raise ValueError(f"grad's channel count C must equal input's ({channels}); got {grad_channels}")
     if grad_spatial != tuple(grid.shape[1:4]):
-        raise ValueError(f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; "
-                         f"got {grad_spatial}")
+        raise ValueError(
+            f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; got {grad_spatial}"
+        )
     return grad, input, grid
 
 
-def _check_volume_and_displacement(volume: torch.Tensor, displacement: torch.Tensor, data_format: DataFormat,
-                                   displacement_format: DisplacementFormat) -> None:
+def _check_volume_and_displacement(
+    volume: torch.Tensor, displacement: torch.Tensor, data_format: DataFormat, displacement_format: DisplacementFormat
+) -> None:
     layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
     _check_5d(volume, "volume", layout)
     shape = tuple(displacement.shape)
@@ -122,14 +133,18 @@ def _check_volume_and_displacement(volume: torch.Tensor, displacement: torch.Ten
         components, batch, spatial = shape[4], shape[0], shape[1:4]
     if components != 3:
         where = "dimension 1" if displacement_format == DisplacementFormat.N3DHW else "last dimension"
-        raise ValueError(f"displacement's {where} must be 3 (dz, dy, dx) for displacement_format "
-                         f"{displacement_format.value!r}; got shape {shape}")
+        raise ValueError(
+            f"displacement's {where} must be 3 (dz, dy, dx) for displacement_format "
+            f"{displacement_format.value!r}; got shape {shape}"
+        )
     volume_batch, _, volume_spatial = _split_layout(volume.shape, data_format)
     if batch != volume_batch:
         raise ValueError(f"displacement's batch size N must equal volume's ({volume_batch}); got {batch}")
     if tuple(spatial) != tuple(volume_spatial):
-        raise ValueError(f"displacement's spatial sizes (D, H, W) must equal volume's {tuple(volume_spatial)} "
-                         f"(it displaces each voxel of the output); got {tuple(spatial)}")
+        raise ValueError(
+            f"displacement's spatial sizes (D, H, W) must equal volume's {tuple(volume_spatial)} "
+            f"(it displaces each voxel of the output); got {tuple(spatial)}"
+        )
     if 0 in volume_spatial:
         raise ValueError(f"volume's spatial sizes (D, H, W) must be non-zero; got {tuple(volume_spatial)}")
 
@@ -144,8 +159,7 @@ def check_warp(volume, displacement, data_format: DataFormat, displacement_forma
     return volume, displacement
 
 
-def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
-                        displacement_format: DisplacementFormat):
+def check_warp_backward(grad, volume, displacement, data_format: DataFormat, displacement_format: DisplacementFormat):
     """Validate the fused warp's backward operands; returns them as tensors ``(grad, volume, displacement)``."""
     grad = as_tensor(grad, "grad")
     volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
@@ -154,8 +168,10 @@ def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
     layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
     _check_5d(grad, "grad", layout)
     if tuple(grad.shape) != tuple(volume.shape):
-        raise ValueError(f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
-                         f"volume's shape); got {tuple(grad.shape)}")
+        raise ValueError(
+            f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
+            f"volume's shape); got {tuple(grad.shape)}"
+        )
     return grad, volume, displacement
 
 

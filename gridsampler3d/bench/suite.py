@@ -1,5 +1,6 @@
 """The benchmark registry: the operator's eight cases, the shapes users bring, the warp step and
 tricubic sampling; one entry per case."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -53,8 +54,7 @@ SUITE = (
     # a brain MRI's anisotropic size, registered by a smooth warp
     BenchCase("mri", 1, 1, (160, 192, 224), (160, 192, 224), "warp", "bilinear", "border", False, "float32", "NCDHW"),
     # small odd sizes (no dimension a multiple of a vector or a block), reflection with align_corners
-    BenchCase("odd", 1, 3, (37, 41, 43), (29, 31, 33), "affine", "bilinear", "reflection", True, "float32",
-              "NCDHW"),
+    BenchCase("odd", 1, 3, (37, 41, 43), (29, 31, 33), "affine", "bilinear", "reflection", True, "float32", "NCDHW"),
     # a grid that downsamples by two, few channels, channels-last (a multi-resolution pyramid)
     BenchCase("down4cl", 1, 4, 96, 48, "affine", "bilinear", "zeros", False, "float32", "NDHWC"),
     # many channels on a small volume (a feature map deep in a network)
@@ -100,8 +100,9 @@ def _scaled(size, scale: float) -> tuple:
 
 def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
-        field = inputs.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
-                                          dtype=torch.float64)
+        field = inputs.smooth_displacement(
+            case.batch, out_size, magnitude=0.016 * max(out_size), seed=1, dtype=torch.float64
+        )
         return field.permute(0, 4, 1, 2, 3).contiguous()
     if case.grid_kind == "warp":
         return inputs.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)

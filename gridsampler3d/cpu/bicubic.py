@@ -19,6 +19,7 @@ owner-computes: ``parts`` holds one (first, last) run of (n, z) planes per part,
 part walks every point in order, adding only the taps that land in its planes, so each
 voxel sums in point order, deterministic and independent of the number of parts.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,9 @@ def _scratch(parts: int, *operands):
 
     taps, weights and slopes: 4 per axis, x, y, z (``4 * axis + step``); offsets: 64, one per tap.
     """
-    return (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12),
-            part_rows(parts, 12)),
+    return (
+        (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12), part_rows(parts, 12)),
+    )
 
 
 @helper
@@ -186,8 +188,9 @@ def _dgrid(grad_operand, x_operand, grid_operand, dgrid_operand, geometry, rule,
             mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, (w, h, d), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-            gx, gy, gz = _gradient_sums(grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels,
-                                        offsets, weights, slopes)
+            gx, gy, gz = _gradient_sums(
+                grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels, offsets, weights, slopes
+            )
             target = _first_point(dgrid_strides, n, d, h, w, rule.field)
             dgrid[target] = mx * gx
             dgrid[target + dgrid_strides[4]] = my * gy
@@ -257,12 +260,22 @@ def _dx(grad_operand, grid_operand, dx_operand, geometry, rule, parts, scratch, 
             for h in range(out_height):
                 for w in range(out_width):
                     point = _first_point(grid_strides, n, d, h, w, rule.field)
-                    if not _reaches(grid, point, grid_strides[4], sizes, rule, (w, h, d), slab, taps, weights,
-                                    slopes):
+                    if not _reaches(grid, point, grid_strides[4], sizes, rule, (w, h, d), slab, taps, weights, slopes):
                         continue
                     out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-                    _scatter(grad, out, grad_strides[1], dx, n * dx_strides[0], dx_strides, channels, sizes, slab,
-                             taps, weights)
+                    _scatter(
+                        grad,
+                        out,
+                        grad_strides[1],
+                        dx,
+                        n * dx_strides[0],
+                        dx_strides,
+                        channels,
+                        sizes,
+                        slab,
+                        taps,
+                        weights,
+                    )
 
 
 #: ``forward(x, grid, y, geometry, rule, parts)``: see :func:`_forward`.

@@ -11,6 +11,7 @@ and stores in float32; float64 is exact throughout.
 Outputs and widened copies come from :func:`.buffers.empty` (blocks of earlier calls,
 already mapped).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -160,11 +161,21 @@ def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=Non
     out_sizes = field.out_sizes
     field_strides = _kernel_strides(field, _dense_strides(field.tensor))
     joinable = _joinable([field_strides], [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
-    return Call(stage=stage, batch=x.shape[0], channels=x.shape[1], sizes=tuple(x.shape[2:]), out_sizes=out_sizes,
-                dtype=str(x.dtype).removeprefix("torch."), sampling=sampling, field=field.kind,
-                outputs=Outputs(*map(bool, outputs)), channels_last=memory_format_of(x) == torch.channels_last_3d,
-                threads=pool.threads(), dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
-                rows_joinable=joinable)
+    return Call(
+        stage=stage,
+        batch=x.shape[0],
+        channels=x.shape[1],
+        sizes=tuple(x.shape[2:]),
+        out_sizes=out_sizes,
+        dtype=str(x.dtype).removeprefix("torch."),
+        sampling=sampling,
+        field=field.kind,
+        outputs=Outputs(*map(bool, outputs)),
+        channels_last=memory_format_of(x) == torch.channels_last_3d,
+        threads=pool.threads(),
+        dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
+        rows_joinable=joinable,
+    )
 
 
 # What was planned for calls seen before, by what describe_call() reads of them (shapes,
@@ -178,8 +189,21 @@ _PLANNED_MOST = 512
 def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs()) -> Plan:
     """The plan of a call: :func:`describe_call`, the facts its plan reads measured, :func:`.planner.make_plan`."""
     tensor = field.tensor
-    key = (stage, sampling, field.kind, outputs, pool.threads(), x.shape, x.stride(), x.dtype, tensor.shape,
-           tensor.stride(), tensor.dtype, None if grad is None else (grad.stride(), grad.dtype), tuning.values())
+    key = (
+        stage,
+        sampling,
+        field.kind,
+        outputs,
+        pool.threads(),
+        x.shape,
+        x.stride(),
+        x.dtype,
+        tensor.shape,
+        tensor.stride(),
+        tensor.dtype,
+        None if grad is None else (grad.stride(), grad.dtype),
+        tuning.values(),
+    )
     planned = _PLANNED.get(key)
     if planned is None:
         call = describe_call(stage, x, field, sampling, grad=grad, outputs=outputs)
@@ -221,12 +245,28 @@ class NumbaBackend:
         y = buffers.empty(x.shape[:2] + out_sizes, x.dtype, layout)
         k = plan.rows_joined
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
-        run_forward(ForwardWork(plan, operand(x), _join_grid_like(field_operand(field, _kernel_dtype(field.tensor)), k),
-                                _join_out_like(operand(y), k), geometry, sampling, field.kind))
+        run_forward(
+            ForwardWork(
+                plan,
+                operand(x),
+                _join_grid_like(field_operand(field, _kernel_dtype(field.tensor)), k),
+                _join_out_like(operand(y), k),
+                geometry,
+                sampling,
+                field.kind,
+            )
+        )
         return _rounded(y, dtype, layout)
 
-    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool):
+    def backward(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        field: Field,
+        sampling: Sampling,
+        outputs: Outputs,
+        deterministic: bool,
+    ):
         """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
         plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs)
         if not plan.copies:
@@ -235,8 +275,11 @@ class NumbaBackend:
         # the grid gradient reads), dx copied back: the same bits as the NCDHW kernels.
         grad = transpose.to_channels_last(grad)
         # For dx alone, an unwritten channels-last stand-in in the kernels' dtype.
-        x = (transpose.to_channels_last(x) if outputs.dfield else
-             buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d))
+        x = (
+            transpose.to_channels_last(x)
+            if outputs.dfield
+            else buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d)
+        )
         dx, dfield = _execute_backward(plan, grad, x, field, sampling, outputs)
         del grad, x  # before dx's copy: the copies' peak is then three operands' worth, not four
         return (transpose.to_contiguous(dx) if outputs.dx else None), dfield
@@ -255,10 +298,13 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
             dfield.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
     dx = buffers.empty(x.shape, x.dtype, layout) if outputs.dx else None
     k = plan.rows_joined
-    operands = BackwardOperands(grad=_join_out_like(operand(grad), k), x=operand(x),
-                                grid=_join_grid_like(field_operand(field, wide_field), k),
-                                dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
-                                dgrid=_join_grid_like(dfield_operand, k))
+    operands = BackwardOperands(
+        grad=_join_out_like(operand(grad), k),
+        x=operand(x),
+        grid=_join_grid_like(field_operand(field, wide_field), k),
+        dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
+        dgrid=_join_grid_like(dfield_operand, k),
+    )
     geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(field.out_sizes, k))
     run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
     dx = _rounded(dx, dtype, layout) if outputs.dx else None

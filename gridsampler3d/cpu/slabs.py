@@ -11,6 +11,7 @@ plane), or by runs of rows in a pass of its own (the plan decides: :mod:`.planne
 
 Extra memory: two int64 per output row and one per (n, z) plane.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,9 @@ def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
     """
     unresolved = 0
     for i in range(count):
-        iz, _, done = source_index(float(grid[first + i * step]), depth, rule.padding, rule.align_corners, False, False,
-                                   rule.field, origin)
+        iz, _, done = source_index(
+            float(grid[first + i * step]), depth, rule.padding, rule.align_corners, False, False, rule.field, origin
+        )
         unresolved += 1 - done
         low = (iz + ROUNDER) - ROUNDER if rule.interpolation == NEAREST else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
@@ -139,8 +141,9 @@ def _range_point_by_point(grid, first_point, geometry, rule, origin, row, ranges
     least, most = np.int64(2**62), -np.int64(2**62)
     for start in range(0, out_width, BLOCK):
         count = min(BLOCK, out_width - start)
-        if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule,
-                          origin, lowest):
+        if _lowest_depths(
+            grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule, origin, lowest
+        ):
             least = min(least, -2)
             most = max(most, depth)
             continue
@@ -184,8 +187,16 @@ def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int) 
     return jumps <= 0.1 * lowest.shape[0] * (lowest.shape[1] - 1)
 
 
-def plan_slabs(row_first: np.ndarray, row_last: np.ndarray, batch: int, depth: int, plane_voxels: int, out_width: int,
-               reach: int, slab_count: int) -> np.ndarray:
+def plan_slabs(
+    row_first: np.ndarray,
+    row_last: np.ndarray,
+    batch: int,
+    depth: int,
+    plane_voxels: int,
+    out_width: int,
+    reach: int,
+    slab_count: int,
+) -> np.ndarray:
     """Split the N * D planes of dx into ``slab_count`` runs of about equal work.
 
     Returns parts (slab_count, 4) int64: [first plane, end plane, first row, end row],
