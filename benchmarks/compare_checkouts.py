@@ -20,6 +20,7 @@ cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers change
 ``--other-plain`` the other package is imported on the plain Numba path
 (``GRIDSAMPLER3D_PLAIN_NUMBA=1``, docs/runtime.md), which compiles without the disk cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,9 @@ def _load_other(checkout: Path, plain: bool = False):
     if plain:
         os.environ["GRIDSAMPLER3D_PLAIN_NUMBA"] = "1"  # read when the package's jit module is imported
     package = checkout / "gridsampler3d"
-    spec = importlib.util.spec_from_file_location("gridsampler3d_other", package / "__init__.py",
-                                                  submodule_search_locations=[str(package)])
+    spec = importlib.util.spec_from_file_location(
+        "gridsampler3d_other", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["gridsampler3d_other"] = module
     spec.loader.exec_module(module)
@@ -53,8 +55,9 @@ def _load_other(checkout: Path, plain: bool = False):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("other", type=Path, help="root of the other checkout (holding its gridsampler3d/)")
-    parser.add_argument("--cases", default="reg128,feat48",
-                        help="comma-separated benchmark case names (warp128 runs the fused warp)")
+    parser.add_argument(
+        "--cases", default="reg128,feat48", help="comma-separated benchmark case names (warp128 runs the fused warp)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="threads for both versions (default 1)")
     parser.add_argument("--stage", choices=["forward", "backward", "step"], default="backward")
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
@@ -62,8 +65,10 @@ def main() -> None:
     args = parser.parse_args()
     other = _load_other(args.other.resolve(), args.other_plain)
     torch.set_num_threads(args.threads)
-    print(f"this checkout: {Path(gridsampler3d.__file__).parent.parent}; other: {args.other}; "
-          f"{args.threads} thread(s), {args.stage}, {args.pairs} pairs")
+    print(
+        f"this checkout: {Path(gridsampler3d.__file__).parent.parent}; other: {args.other}; "
+        f"{args.threads} thread(s), {args.stage}, {args.pairs} pairs"
+    )
     for case in select_cases(args.cases.split(",")):
         (_, x, grid), (grad, x_ncdhw) = build_inputs(case)
         attributes = (case.mode, case.padding, case.align_corners)
@@ -101,9 +106,12 @@ def main() -> None:
             theirs.append(middle - start)
             ours.append(end - middle)
             ratios.append((end - middle) / (middle - start))
-        print(f"{case.name:8s} other {statistics.median(theirs) * 1e3:7.1f} ms  "
-              f"this {statistics.median(ours) * 1e3:7.1f} ms  "
-              f"this / other (median of pairs) {statistics.median(ratios):.3f}", flush=True)
+        print(
+            f"{case.name:8s} other {statistics.median(theirs) * 1e3:7.1f} ms  "
+            f"this {statistics.median(ours) * 1e3:7.1f} ms  "
+            f"this / other (median of pairs) {statistics.median(ratios):.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Time the first forward and backward in this process (docs/cpu.md, "Compilation").
 
-    NUMBA_CACHE_DIR=$(mktemp -d) python benchmarks/first_call.py   # cold: kernels compile
-    python benchmarks/first_call.py                                 # warm: kernels load from the cache
-    python benchmarks/first_call.py --warp                          # the fused warp instead
+NUMBA_CACHE_DIR=$(mktemp -d) python benchmarks/first_call.py   # cold: kernels compile
+python benchmarks/first_call.py                                 # warm: kernels load from the cache
+python benchmarks/first_call.py --warp                          # the fused warp instead
 """
+
 import sys
 import time
 
@@ -26,5 +27,7 @@ else:
     forward = time.perf_counter()
     gs.grid_sampler3d_backward(torch.ones_like(y), x, grid, backend="numba")
 backward = time.perf_counter()
-print(f"import {imported - start:.2f} s, first forward {forward - imported:.2f} s, "
-      f"first backward {backward - forward:.2f} s, together {backward - imported:.2f} s")
+print(
+    f"import {imported - start:.2f} s, first forward {forward - imported:.2f} s, "
+    f"first backward {backward - forward:.2f} s, together {backward - imported:.2f} s"
+)

@@ -22,6 +22,7 @@ tenth is; the determinism phase always runs (one case, six calls).
 ``--device cpu`` with ``TRITON_INTERPRET=1`` and a small ``--scale`` is a dry run of the
 script through Triton's interpreter (tests/test_gpu.py runs it); its times mean nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,7 @@ GPU_SUITE = (
     BenchCase("cubiccl", 1, 16, 96, 96, "affine", "bicubic", "border", True, "float32", "NDHWC", "bilinear"),
     # The fused warp against PyTorch's registration step (grid plumbing + grid_sample, autograd);
     # the dx / dgrid columns are d(volume) / d(displacement).
-    BenchCase("warp256", 1, 1, 256, 256, "displacement", "bilinear", "border", True, "float32", "NCDHW",
-              "plumbing"),
+    BenchCase("warp256", 1, 1, 256, 256, "displacement", "bilinear", "border", True, "float32", "NCDHW", "plumbing"),
 )
 MASKS = {"dx": (True, False), "dgrid": (False, True)}
 DEVICE = "cuda"
@@ -119,8 +119,12 @@ def phase_machine(run: Run) -> None:
     machine = run.report["machine"]
     if DEVICE == "cuda":
         properties = torch.cuda.get_device_properties(0)
-        machine.update(gpu_memory_gib=properties.total_memory / 2**30, multiprocessors=properties.multi_processor_count,
-                       capability=f"{properties.major}.{properties.minor}", cuda=torch.version.cuda)
+        machine.update(
+            gpu_memory_gib=properties.total_memory / 2**30,
+            multiprocessors=properties.multi_processor_count,
+            capability=f"{properties.major}.{properties.minor}",
+            cuda=torch.version.cuda,
+        )
         try:
             import triton
 
@@ -129,7 +133,9 @@ def phase_machine(run: Run) -> None:
         except (ImportError, RuntimeError, AttributeError):
             pass
     run.report["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
-    log(f"gpu_check on {machine.get('gpu')}, torch {torch.__version__}, copy {run.report['copy_bandwidth_gbs']:.0f} GB/s")
+    log(
+        f"gpu_check on {machine.get('gpu')}, torch {torch.__version__}, copy {run.report['copy_bandwidth_gbs']:.0f} GB/s"
+    )
     run.save("machine")
 
 
@@ -144,8 +150,9 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def time_case(case: BenchCase, ours_forward, torch_forward, ours_backward, torch_backward, tensors,
-              bandwidth: float) -> dict:
+def time_case(
+    case: BenchCase, ours_forward, torch_forward, ours_backward, torch_backward, tensors, bandwidth: float
+) -> dict:
     """One speed row: cold and median times of the forward and of each backward (both outputs, then each
     alone; ours fast and deterministic, PyTorch's), their ratios, and the fraction of copy bandwidth.
 
@@ -164,14 +171,20 @@ def time_case(case: BenchCase, ours_forward, torch_forward, ours_backward, torch
     grad, x, grid = tensors
     forward_bytes = nbytes(x, grid) + nbytes(grad)  # y is grad-sized
     backward_bytes = 2 * nbytes(grad, x, grid) - nbytes(grad)  # read grad, x, grid; write dx, dgrid
-    row = {"case": case.name, "describe": case.describe(), "in": tuple(x.shape), "grid": tuple(grid.shape),
-           "cold_ms": cold, "times_ms": times,
-           "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
-           "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
-           "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
-           "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
-           "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
-           "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9)}
+    row = {
+        "case": case.name,
+        "describe": case.describe(),
+        "in": tuple(x.shape),
+        "grid": tuple(grid.shape),
+        "cold_ms": cold,
+        "times_ms": times,
+        "forward_ratio": times["fwd_torch"] / times["fwd_ours"],
+        "backward_ratio": times["bwd_torch"] / times["bwd_fast"],
+        "deterministic_ratio": times["bwd_torch"] / times["bwd_det"],
+        "deterministic_over_fast": times["bwd_det"] / times["bwd_fast"],
+        "forward_bandwidth_fraction": forward_bytes / (times["fwd_ours"] * 1e-3) / (bandwidth * 1e9),
+        "backward_bandwidth_fraction": backward_bytes / (times["bwd_fast"] * 1e-3) / (bandwidth * 1e9),
+    }
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -180,8 +193,9 @@ def time_case(case: BenchCase, ours_forward, torch_forward, ours_backward, torch
 def bench_warp_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
     """The fused warp (``gs.warp3d``) against PyTorch's plumbed step; dx / dgrid are d volume / d displacement."""
     (grad, volume, displacement), _ = build_inputs(case, DEVICE, scale)
-    ours = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                backend="triton")
+    ours = dict(
+        interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners, backend="triton"
+    )
     leaves = (volume.clone().requires_grad_(), displacement.clone().requires_grad_())
     output = plumbed_warp(*leaves, case.mode, case.padding, case.align_corners)  # one graph, backward repeated
 
@@ -193,10 +207,17 @@ def bench_warp_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
         wanted = [leaf for leaf, want in zip(leaves, mask) if want]
         return torch.autograd.grad(output, wanted, grad, retain_graph=True)
 
-    row = time_case(case, lambda: gs.warp3d(volume, displacement, **ours), torch_forward,
-                    lambda mask, deterministic: gs.warp3d_backward(grad, volume, displacement, output_mask=mask,
-                                                                   deterministic=deterministic, **ours),
-                    torch_backward, (grad, volume, displacement), bandwidth)
+    row = time_case(
+        case,
+        lambda: gs.warp3d(volume, displacement, **ours),
+        torch_forward,
+        lambda mask, deterministic: gs.warp3d_backward(
+            grad, volume, displacement, output_mask=mask, deterministic=deterministic, **ours
+        ),
+        torch_backward,
+        (grad, volume, displacement),
+        bandwidth,
+    )
     times = row["times_ms"]
     row["step_ratio"] = (times["fwd_torch"] + times["bwd_torch"]) / (times["fwd_ours"] + times["bwd_fast"])
     return row
@@ -206,22 +227,41 @@ def bench_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
     if case.baseline == "plumbing":
         return bench_warp_case(case, scale, bandwidth)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, DEVICE, scale)
-    ours = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                data_format=case.layout, backend="triton")
+    ours = dict(
+        interpolation_mode=case.mode,
+        padding_mode=case.padding,
+        align_corners=case.align_corners,
+        data_format=case.layout,
+        backend="triton",
+    )
     if case.baseline == "bilinear":  # PyTorch has no 3-D bicubic: against our bilinear
         theirs = dict(ours, interpolation_mode="bilinear")
         torch_forward = lambda: gs.grid_sampler3d(x, grid, **theirs)  # noqa: E731
-        torch_backward = lambda mask: gs.grid_sampler3d_backward(grad, x, grid, output_mask=mask,  # noqa: E731
-                                                                 deterministic=False, **theirs)
+        torch_backward = lambda mask: gs.grid_sampler3d_backward(
+            grad,
+            x,
+            grid,
+            output_mask=mask,  # noqa: E731
+            deterministic=False,
+            **theirs,
+        )
     else:
         codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
         torch_forward = lambda: torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes)  # noqa: E731
         torch_backward = lambda mask: torch.ops.aten.grid_sampler_3d_backward(  # noqa: E731
-            grad_ncdhw, x_ncdhw, grid, *codes, list(mask))
-    return time_case(case, lambda: gs.grid_sampler3d(x, grid, **ours), torch_forward,
-                     lambda mask, deterministic: gs.grid_sampler3d_backward(grad, x, grid, output_mask=mask,
-                                                                            deterministic=deterministic, **ours),
-                     torch_backward, (grad, x, grid), bandwidth)
+            grad_ncdhw, x_ncdhw, grid, *codes, list(mask)
+        )
+    return time_case(
+        case,
+        lambda: gs.grid_sampler3d(x, grid, **ours),
+        torch_forward,
+        lambda mask, deterministic: gs.grid_sampler3d_backward(
+            grad, x, grid, output_mask=mask, deterministic=deterministic, **ours
+        ),
+        torch_backward,
+        (grad, x, grid),
+        bandwidth,
+    )
 
 
 def phase_speed(run: Run, suite, scale: float, reserve: float) -> None:
@@ -238,15 +278,19 @@ def phase_speed(run: Run, suite, scale: float, reserve: float) -> None:
             log(f"{case.name}: {row['error']}")
         else:
             t = row["times_ms"]
-            log(f"{case.name:<10} fwd {t['fwd_torch']:.3f}/{t['fwd_ours']:.3f} ms {row['forward_ratio']:.2f}x | bwd "
+            log(
+                f"{case.name:<10} fwd {t['fwd_torch']:.3f}/{t['fwd_ours']:.3f} ms {row['forward_ratio']:.2f}x | bwd "
                 f"{t['bwd_torch']:.3f}/{t['bwd_fast']:.3f} ms {row['backward_ratio']:.2f}x | det {t['bwd_det']:.3f} ms "
-                f"({row['deterministic_over_fast']:.2f}x fast) | cold {row['cold_ms']['bwd_fast']:.0f} ms")
+                f"({row['deterministic_over_fast']:.2f}x fast) | cold {row['cold_ms']['bwd_fast']:.0f} ms"
+            )
         rows.append(row)
         run.save()
     timed = [row for row in rows if "error" not in row and row["describe"]["baseline"] == "torch"]
     if timed:
-        run.report["summary"] = {key: geomean(row[key] for row in timed) for key in
-                                 ("forward_ratio", "backward_ratio", "deterministic_ratio", "deterministic_over_fast")}
+        run.report["summary"] = {
+            key: geomean(row[key] for row in timed)
+            for key in ("forward_ratio", "backward_ratio", "deterministic_ratio", "deterministic_over_fast")
+        }
     run.save("speed")
 
 
@@ -260,9 +304,14 @@ def phase_registers(run: Run) -> None:
             caches = getattr(function, "device_caches", None) if name.endswith("_kernel") else None
             for device_cache in (caches or {}).values():
                 for compiled in device_cache[0].values():
-                    kernels.append({"kernel": name, "registers": getattr(compiled, "n_regs", None),
-                                    "spills": getattr(compiled, "n_spills", None),
-                                    "num_warps": compiled.metadata.num_warps})
+                    kernels.append(
+                        {
+                            "kernel": name,
+                            "registers": getattr(compiled, "n_regs", None),
+                            "spills": getattr(compiled, "n_spills", None),
+                            "num_warps": compiled.metadata.num_warps,
+                        }
+                    )
     run.report["registers"] = kernels
     run.report["tuning"] = autotune.TUNER.report()
     run.save("registers")
@@ -291,8 +340,10 @@ def phase_correctness(run: Run, reserve: float) -> None:
             result["failures"] += [f"{label}: {failure}" for failure in failures]
         result["cases"] += 1
     result["check_done"] = f"{result['cases']}/{len(cases)}"
-    log(f"correctness: {result['checked'] - len(result['failures'])}/{result['checked']} runs pass "
-        f"({result['check_done']} cases)")
+    log(
+        f"correctness: {result['checked'] - len(result['failures'])}/{result['checked']} runs pass "
+        f"({result['check_done']} cases)"
+    )
     for failure in result["failures"][:20]:
         log("  " + failure)
     run.save("correctness")
@@ -305,10 +356,15 @@ def phase_determinism(run: Run, scale: float) -> None:
     runs = [gs.grid_sampler3d_backward(grad, x, grid, **kwargs) for _ in range(3)]
     same = all(torch.equal(a, b) for other in runs[1:] for a, b in zip(runs[0], other))
     fast = [gs.grid_sampler3d_backward(grad, x, grid, **dict(kwargs, deterministic=False))[0] for _ in range(3)]
-    run.report["determinism"] = {"case": case.name, "deterministic_bitwise": same,
-                                 "fast_bitwise": all(torch.equal(fast[0], other) for other in fast[1:])}
-    log(f"determinism ({case.name}): deterministic bitwise over 3 runs: {same}; "
-        f"fast: {run.report['determinism']['fast_bitwise']}")
+    run.report["determinism"] = {
+        "case": case.name,
+        "deterministic_bitwise": same,
+        "fast_bitwise": all(torch.equal(fast[0], other) for other in fast[1:]),
+    }
+    log(
+        f"determinism ({case.name}): deterministic bitwise over 3 runs: {same}; "
+        f"fast: {run.report['determinism']['fast_bitwise']}"
+    )
     run.save("determinism")
 
 
@@ -319,13 +375,18 @@ def geomean(values) -> float:
 
 def markdown(report: dict) -> str:
     machine = report["machine"]
-    lines = [f"GPU: {machine.get('gpu')}, torch {machine['versions']['torch']}, "
-             f"copy bandwidth {report.get('copy_bandwidth_gbs', float('nan')):.0f} GB/s, "
-             f"phases done: {', '.join(report['phases_done'])}", ""]
+    lines = [
+        f"GPU: {machine.get('gpu')}, torch {machine['versions']['torch']}, "
+        f"copy bandwidth {report.get('copy_bandwidth_gbs', float('nan')):.0f} GB/s, "
+        f"phases done: {', '.join(report['phases_done'])}",
+        "",
+    ]
     if report.get("speed"):
-        lines += ["| case | fwd PyTorch | fwd ours | ratio | bwd PyTorch | bwd fast | ratio | bwd det | det/fast "
-                  "| dx only PyTorch / fast / det | dgrid only PyTorch / ours | cold bwd | bandwidth fwd / bwd |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "| case | fwd PyTorch | fwd ours | ratio | bwd PyTorch | bwd fast | ratio | bwd det | det/fast "
+            "| dx only PyTorch / fast / det | dgrid only PyTorch / ours | cold bwd | bandwidth fwd / bwd |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for row in report["speed"]:
             if "error" in row:
                 lines.append(f"| {row['case']} | {row['error']} |")
@@ -337,24 +398,38 @@ def markdown(report: dict) -> str:
                 f"{row['deterministic_over_fast']:.2f} | {t['bwd_torch_dx']:.3f} / {t['bwd_fast_dx']:.3f} / "
                 f"{t['bwd_det_dx']:.3f} | {t['bwd_torch_dgrid']:.3f} / {t['bwd_fast_dgrid']:.3f} | "
                 f"{row['cold_ms']['bwd_fast']:.0f} | {row['forward_bandwidth_fraction']:.0%} / "
-                f"{row['backward_bandwidth_fraction']:.0%} |")
+                f"{row['backward_bandwidth_fraction']:.0%} |"
+            )
         if "summary" in report:
             summary = report["summary"]
-            lines.append(f"| geometric mean (against PyTorch) | | | {summary['forward_ratio']:.2f}x | | | "
-                         f"{summary['backward_ratio']:.2f}x | | {summary['deterministic_over_fast']:.2f} | | | | |")
-        lines.append("times in ms (medians); bicubic rows time our bilinear in the PyTorch columns; warp rows time "
-                     "gs.warp3d against PyTorch's grid plumbing + grid_sample (dx / dgrid: d volume / d displacement)")
+            lines.append(
+                f"| geometric mean (against PyTorch) | | | {summary['forward_ratio']:.2f}x | | | "
+                f"{summary['backward_ratio']:.2f}x | | {summary['deterministic_over_fast']:.2f} | | | | |"
+            )
+        lines.append(
+            "times in ms (medians); bicubic rows time our bilinear in the PyTorch columns; warp rows time "
+            "gs.warp3d against PyTorch's grid plumbing + grid_sample (dx / dgrid: d volume / d displacement)"
+        )
     if "correctness" in report:
         result = report["correctness"]
-        lines += ["", f"correctness: {result['checked'] - len(result['failures'])}/{result['checked']} runs pass "
-                      f"({result.get('check_done', 'running')} cases)"]
+        lines += [
+            "",
+            f"correctness: {result['checked'] - len(result['failures'])}/{result['checked']} runs pass "
+            f"({result.get('check_done', 'running')} cases)",
+        ]
     if "determinism" in report:
         lines += ["", f"determinism: {report['determinism']}"]
     if report.get("registers"):
         lines += ["", "| kernel | num_warps | registers | spills |", "| --- | ---: | ---: | ---: |"]
-        lines += [f"| {k['kernel']} | {k['num_warps']} | {k['registers']} | {k['spills']} |" for k in report["registers"]]
+        lines += [
+            f"| {k['kernel']} | {k['num_warps']} | {k['registers']} | {k['spills']} |" for k in report["registers"]
+        ]
     if report.get("tuning"):
-        lines += ["", "| tuned launch (kernel, dtype, layout, channels) | chosen | candidates (ms) |", "| --- | --- | --- |"]
+        lines += [
+            "",
+            "| tuned launch (kernel, dtype, layout, channels) | chosen | candidates (ms) |",
+            "| --- | --- | --- |",
+        ]
         for tuned in report["tuning"]:
             times = "; ".join(f"{candidate['shape']}: {candidate['ms']}" for candidate in tuned["candidates"])
             lines.append(f"| {', '.join(tuned['key'])} | {tuned['chosen']} | {times} |")
@@ -388,8 +463,11 @@ def main(argv=None) -> int:
     run.save()
     log(markdown(run.report))
     log(f"gpu_check finished in {time.perf_counter() - run.started:.0f} s")
-    failed = bool(run.report["correctness"]["failures"]) or not run.report.get("determinism", {}).get(
-        "deterministic_bitwise", True) or any("error" in row for row in run.report.get("speed", []))
+    failed = (
+        bool(run.report["correctness"]["failures"])
+        or not run.report.get("determinism", {}).get("deterministic_bitwise", True)
+        or any("error" in row for row in run.report.get("speed", []))
+    )
     return 1 if failed else 0
 
 

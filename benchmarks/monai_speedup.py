@@ -15,6 +15,7 @@ Each repeat times one step on PyTorch's kernels, one patched and one fused, back
 after warm-up (which also compiles this library's kernels once), on the same inputs. It
 prints the median time of each and the median of the per-repeat ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     # A smooth DDF, as a registration network predicts: a coarse random field (one control
     # point per 16 voxels) upsampled trilinearly, up to a few voxels.
     coarse = torch.randn((1, 3) + (max(2, args.size // 16),) * 3, generator=generator)
-    ddf = (3.0 * F.interpolate(coarse, size=(args.size,) * 3, mode="trilinear", align_corners=True))
+    ddf = 3.0 * F.interpolate(coarse, size=(args.size,) * 3, mode="trilinear", align_corners=True)
     ddf.requires_grad_(True)
     warp = Warp(mode="bilinear", padding_mode="border")  # MONAI's defaults
     step = lambda: _step(warp, moving, fixed, ddf)  # noqa: E731
@@ -89,17 +90,25 @@ def main(argv=None) -> int:
     ratios = [theirs / ours for theirs, ours in zip(torch_times, ours_times)]
     fused_ratios = [theirs / ours for theirs, ours in zip(torch_times, fused_times)]
 
-    print(f"MONAI {__import__('monai').__version__} Warp (bilinear, border) + MSE + backward to the DDF; "
-          f"volume {args.size}^3 x {args.channels} channel(s), float32, {torch.get_num_threads()} thread(s), "
-          f"torch {torch.__version__}, {args.repeats} repeats")
+    print(
+        f"MONAI {__import__('monai').__version__} Warp (bilinear, border) + MSE + backward to the DDF; "
+        f"volume {args.size}^3 x {args.channels} channel(s), float32, {torch.get_num_threads()} thread(s), "
+        f"torch {torch.__version__}, {args.repeats} repeats"
+    )
     print(f"loss PyTorch {losses[False]:.6g}, patched {losses[True]:.6g}, fused {losses['fused']:.6g}")
-    print(f"step time, median: PyTorch {statistics.median(torch_times) * 1e3:.1f} ms, "
-          f"gridsampler3d.patched() {statistics.median(ours_times) * 1e3:.1f} ms, "
-          f"gridsampler3d.Warp3d {statistics.median(fused_times) * 1e3:.1f} ms")
-    print(f"median ratio (PyTorch / patched): {statistics.median(ratios):.2f}x "
-          f"(per-repeat range {min(ratios):.2f}x to {max(ratios):.2f}x)")
-    print(f"median ratio (PyTorch / fused Warp3d): {statistics.median(fused_ratios):.2f}x "
-          f"(per-repeat range {min(fused_ratios):.2f}x to {max(fused_ratios):.2f}x)")
+    print(
+        f"step time, median: PyTorch {statistics.median(torch_times) * 1e3:.1f} ms, "
+        f"gridsampler3d.patched() {statistics.median(ours_times) * 1e3:.1f} ms, "
+        f"gridsampler3d.Warp3d {statistics.median(fused_times) * 1e3:.1f} ms"
+    )
+    print(
+        f"median ratio (PyTorch / patched): {statistics.median(ratios):.2f}x "
+        f"(per-repeat range {min(ratios):.2f}x to {max(ratios):.2f}x)"
+    )
+    print(
+        f"median ratio (PyTorch / fused Warp3d): {statistics.median(fused_ratios):.2f}x "
+        f"(per-repeat range {min(fused_ratios):.2f}x to {max(fused_ratios):.2f}x)"
+    )
     return 0
 
 

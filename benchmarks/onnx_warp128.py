@@ -12,6 +12,7 @@ on a grid built beforehand, and PyTorch's whole step (the grid built from the di
 then ``F.grid_sample``). Each is the median of ``--repeats`` runs after two warm-up calls.
 It needs the ``onnx`` extra.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as directory:
         path = str(Path(directory) / "warp.onnx")
-        torch.onnx.export(warp, (volume, displacement), path, opset_version=20, verbose=False,
-                          input_names=["volume", "displacement"])
+        torch.onnx.export(
+            warp, (volume, displacement), path, opset_version=20, verbose=False, input_names=["volume", "displacement"]
+        )
         sessions = {}
         for threads in (None, 1, 2):
             settings = onnxruntime.SessionOptions()
@@ -55,19 +57,25 @@ def main(argv=None) -> int:
     feeds = {"volume": volume.numpy(), "displacement": displacement.numpy()}
     with torch.no_grad():
         expected = warp(volume, displacement).numpy()
-    print(f"warp{args.size} forward: 1x1x{args.size}^3 float32, {case.mode} / {case.padding}, align_corners="
-          f"{case.align_corners}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "
-          f"median of {args.repeats}")
+    print(
+        f"warp{args.size} forward: 1x1x{args.size}^3 float32, {case.mode} / {case.padding}, align_corners="
+        f"{case.align_corners}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "
+        f"median of {args.repeats}"
+    )
     for label, session in sessions.items():
         (output,) = session.run(None, feeds)
         seconds = time_call(lambda: session.run(None, feeds), repeats=args.repeats)["median_s"]
-        print(f"  onnxruntime, {label:24} {seconds * 1e3:8.1f} ms   (max |difference| from Warp3d "
-              f"{abs(output - expected).max():.1e})")
+        print(
+            f"  onnxruntime, {label:24} {seconds * 1e3:8.1f} ms   (max |difference| from Warp3d "
+            f"{abs(output - expected).max():.1e})"
+        )
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        timed = {"gs.Warp3d (this library)": lambda: warp(volume, displacement),
-                 "F.grid_sample on a built grid": lambda: F.grid_sample(volume, grid, *options),
-                 "PyTorch step (grid, then F.grid_sample)": lambda: plumbed_warp(volume, displacement, *options)}
+        timed = {
+            "gs.Warp3d (this library)": lambda: warp(volume, displacement),
+            "F.grid_sample on a built grid": lambda: F.grid_sample(volume, grid, *options),
+            "PyTorch step (grid, then F.grid_sample)": lambda: plumbed_warp(volume, displacement, *options),
+        }
         with torch.no_grad():
             for label, function in timed.items():
                 seconds = time_call(function, repeats=args.repeats)["median_s"]

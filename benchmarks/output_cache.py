@@ -8,6 +8,7 @@ order, each after a PyTorch ``grid_sample`` of the same inputs and an untimed ca
 same setting, as ``gridsampler3d bench`` interleaves them. The line per case gives the
 medians and the median of the rounds' ratios (on / off).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,11 @@ from gridsampler3d.cpu import buffers, tuning
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="near64,bf16,reg128,warp128",
-                        help="comma-separated benchmark case names (warp128 runs the fused warp)")
+    parser.add_argument(
+        "--cases",
+        default="near64,bf16,reg128,warp128",
+        help="comma-separated benchmark case names (warp128 runs the fused warp)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=11, help="timed rounds per stage (median)")
     args = parser.parse_args()
@@ -36,10 +40,10 @@ def main() -> None:
         attributes = (case.mode, case.padding, case.align_corners)
         warp = case.grid_kind == "displacement"
         stages = {
-            "forward": lambda: (gs.warp3d if warp else gs.grid_sampler3d)(x_ncdhw, grid, *attributes,
-                                                                          backend="numba"),
+            "forward": lambda: (gs.warp3d if warp else gs.grid_sampler3d)(x_ncdhw, grid, *attributes, backend="numba"),
             "backward": lambda: (gs.warp3d_backward if warp else gs.grid_sampler3d_backward)(
-                grad, x_ncdhw, grid, *attributes, backend="numba"),
+                grad, x_ncdhw, grid, *attributes, backend="numba"
+            ),
         }
         sample = grid if not warp else torch.zeros(1, 1, 1, 1, 3)
 
@@ -52,7 +56,7 @@ def main() -> None:
             times = {0: [], cached: []}
             ratios = []
             for round_ in range(args.rounds):
-                for setting in ((cached, 0) if round_ % 2 else (0, cached)):
+                for setting in (cached, 0) if round_ % 2 else (0, cached):
                     tuning.CACHED_BYTES = setting
                     buffers.release()  # off: nothing kept; on: the cache fills again from here
                     pytorch()
@@ -61,8 +65,10 @@ def main() -> None:
                     call()
                     times[setting].append(time.perf_counter() - start)
                 ratios.append(times[cached][-1] / times[0][-1])
-            line.append(f"{stage} off {statistics.median(times[0]) * 1e3:7.1f} ms on "
-                        f"{statistics.median(times[cached]) * 1e3:7.1f} ms, on / off {statistics.median(ratios):.3f}")
+            line.append(
+                f"{stage} off {statistics.median(times[0]) * 1e3:7.1f} ms on "
+                f"{statistics.median(times[cached]) * 1e3:7.1f} ms, on / off {statistics.median(ratios):.3f}"
+            )
         tuning.CACHED_BYTES = cached
         print(" | ".join(line), flush=True)
 

@@ -8,6 +8,7 @@ spinning, as any parallel torch operation does) and an untimed call on the same 
 as ``gridsampler3d bench`` interleaves them. The line per case gives the medians and the
 median of the rounds' ratios (team / workers). docs/runtime.md quotes it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ def _stages(case):
     def pytorch():
         torch.nn.functional.grid_sample(x_ncdhw, sample, torch_mode, case.padding, case.align_corners)
 
-    return {"forward": lambda: forward(x_ncdhw, grid, *attributes, backend="numba"),
-            "backward": lambda: backward(grad, x_ncdhw, grid, *attributes, backend="numba")}, pytorch
+    return {
+        "forward": lambda: forward(x_ncdhw, grid, *attributes, backend="numba"),
+        "backward": lambda: backward(grad, x_ncdhw, grid, *attributes, backend="numba"),
+    }, pytorch
 
 
 def _rounds(call, pytorch, rounds: int):
@@ -42,7 +45,7 @@ def _rounds(call, pytorch, rounds: int):
     times = {route: [] for route in pool.ROUTES}
     ratios = []
     for round_ in range(rounds):
-        for route in (pool.ROUTES if round_ % 2 else pool.ROUTES[::-1]):
+        for route in pool.ROUTES if round_ % 2 else pool.ROUTES[::-1]:
             pool.use(route)
             pytorch()
             call()
@@ -55,8 +58,11 @@ def _rounds(call, pytorch, rounds: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="reg128,feat48,rand64,cl64,near64,bf16,fp64,up2x,warp128,cubic64,cubiccl",
-                        help="comma-separated suite case names (warp128 runs the fused warp)")
+    parser.add_argument(
+        "--cases",
+        default="reg128,feat48,rand64,cl64,near64,bf16,fp64,up2x,warp128,cubic64,cubiccl",
+        help="comma-separated suite case names (warp128 runs the fused warp)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=11, help="timed rounds per stage (median)")
     args = parser.parse_args()
@@ -69,9 +75,11 @@ def main() -> None:
         for stage, call in stages.items():
             call()  # compile
             times, ratios = _rounds(call, pytorch, args.rounds)
-            line.append(f"{stage} team {statistics.median(times['team']) * 1e3:7.1f} ms, workers "
-                        f"{statistics.median(times['workers']) * 1e3:7.1f} ms, team / workers "
-                        f"{statistics.median(ratios):.2f}")
+            line.append(
+                f"{stage} team {statistics.median(times['team']) * 1e3:7.1f} ms, workers "
+                f"{statistics.median(times['workers']) * 1e3:7.1f} ms, team / workers "
+                f"{statistics.median(ratios):.2f}"
+            )
         print("  ".join(line), flush=True)
     pool.use(None)
 

@@ -12,6 +12,7 @@ checkouts and compare the last line:
 ``--backend triton`` digests the Triton engine (through its interpreter without a GPU:
 set ``TRITON_INTERPRET=1``), on a smaller set of calls.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ MODES = ("bilinear", "nearest", "bicubic")
 PADDINGS = ("zeros", "border", "reflection")
 MASKS = ((True, True), (True, False), (False, True))
 # Lowered so that small volumes take the large calls' plans (as tests/conftest.py's split_small_calls).
-SPLIT = {"PARALLEL_VALUES": 0, "SERIAL_ITEM_BYTES": 0, "SCATTER_CACHE_BYTES": 2048, "CARRY_BYTES": 4096,
-         "COPIED_CHANNELS": 4, "COPIED_HALF_CHANNELS": 4}
+SPLIT = {
+    "PARALLEL_VALUES": 0,
+    "SERIAL_ITEM_BYTES": 0,
+    "SCATTER_CACHE_BYTES": 2048,
+    "CARRY_BYTES": 4096,
+    "COPIED_CHANNELS": 4,
+    "COPIED_HALF_CHANNELS": 4,
+}
 
 
 def _grid(generator, batch, out_sizes, spread):
@@ -51,10 +58,14 @@ def _bits(tensor) -> bytes:
 
 
 def _sampler_calls(generator, backend, small):
-    shapes = [((2, 3, (5, 6, 7)), (4, 5, 6))] if small else [
-        ((2, 3, (5, 6, 7)), (4, 5, 6)), ((1, 18, (9, 8, 10)), (8, 9, 7)), ((3, 1, (1, 4, 3)), (2, 1, 5))]
-    for index, (mode, padding, align_corners, dtype, layout) in enumerate(itertools.product(
-            MODES, PADDINGS, (False, True), DTYPES, ("NCDHW", "NDHWC"))):
+    shapes = (
+        [((2, 3, (5, 6, 7)), (4, 5, 6))]
+        if small
+        else [((2, 3, (5, 6, 7)), (4, 5, 6)), ((1, 18, (9, 8, 10)), (8, 9, 7)), ((3, 1, (1, 4, 3)), (2, 1, 5))]
+    )
+    for index, (mode, padding, align_corners, dtype, layout) in enumerate(
+        itertools.product(MODES, PADDINGS, (False, True), DTYPES, ("NCDHW", "NDHWC"))
+    ):
         (batch, channels, sizes), out_sizes = shapes[index % len(shapes)]
         x = torch.randn(batch, channels, *sizes, generator=generator, dtype=torch.float64)
         grid = _grid(generator, batch, out_sizes, 1.3 if index % 2 else 4.0)
@@ -64,14 +75,22 @@ def _sampler_calls(generator, backend, small):
             x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
         y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=layout, backend=backend)
         mask = MASKS[index % len(MASKS)]
-        yield (mode, padding, align_corners, dtype, layout, mask), (y, *gs.grid_sampler3d_backward(
-            grad, x, grid, mode, padding, align_corners, output_mask=mask, data_format=layout, backend=backend))
+        yield (
+            (mode, padding, align_corners, dtype, layout, mask),
+            (
+                y,
+                *gs.grid_sampler3d_backward(
+                    grad, x, grid, mode, padding, align_corners, output_mask=mask, data_format=layout, backend=backend
+                ),
+            ),
+        )
 
 
 def _warp_calls(generator, backend, small):
     sizes_of = [(4, 5, 6)] if small else [(4, 5, 6), (9, 7, 8)]
-    for index, (mode, padding, align_corners, dtype, displacement_format) in enumerate(itertools.product(
-            MODES, PADDINGS, (False, True), DTYPES, ("N3DHW", "NDHW3"))):
+    for index, (mode, padding, align_corners, dtype, displacement_format) in enumerate(
+        itertools.product(MODES, PADDINGS, (False, True), DTYPES, ("N3DHW", "NDHW3"))
+    ):
         sizes = sizes_of[index % len(sizes_of)]
         channels = 1 + index % 5
         volume = torch.randn(2, channels, *sizes, generator=generator, dtype=torch.float64).to(dtype)
@@ -79,12 +98,27 @@ def _warp_calls(generator, backend, small):
         if displacement_format == "NDHW3":
             displacement = displacement.permute(0, 2, 3, 4, 1).contiguous()
         grad = torch.randn(2, channels, *sizes, generator=generator, dtype=torch.float64).to(dtype)
-        y = gs.warp3d(volume, displacement, mode, padding, align_corners, displacement_format=displacement_format,
-                      backend=backend)
+        y = gs.warp3d(
+            volume, displacement, mode, padding, align_corners, displacement_format=displacement_format, backend=backend
+        )
         mask = MASKS[index % len(MASKS)]
-        yield (mode, padding, align_corners, dtype, displacement_format, mask), (y, *gs.warp3d_backward(
-            grad, volume, displacement, mode, padding, align_corners, output_mask=mask,
-            displacement_format=displacement_format, backend=backend))
+        yield (
+            (mode, padding, align_corners, dtype, displacement_format, mask),
+            (
+                y,
+                *gs.warp3d_backward(
+                    grad,
+                    volume,
+                    displacement,
+                    mode,
+                    padding,
+                    align_corners,
+                    output_mask=mask,
+                    displacement_format=displacement_format,
+                    backend=backend,
+                ),
+            ),
+        )
 
 
 def digest(backend: str, thread_counts, splits) -> tuple[str, int]:

@@ -15,6 +15,7 @@ Where two logical CPUs share a core's vector units the first ratio stays near 1 
 second is near 2: a vectorised kernel then gains little from a second thread that a
 scalar one doubles on (docs/cpu.md, "Threads").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,14 +60,18 @@ def main() -> None:
     first, second = np.ones(2048), np.ones(2048)  # 16 KiB each: in L1
     vector_repeats, chain_steps = 100_000, 100_000_000
     _vector(first, 1), _chain(1)  # compiled before timing
-    loops = {"vector": (_vector, [(first, vector_repeats)], [(first, vector_repeats), (second, vector_repeats)]),
-             "scalar chain": (_chain, [(chain_steps,)], [(chain_steps,), (chain_steps,)])}
+    loops = {
+        "vector": (_vector, [(first, vector_repeats)], [(first, vector_repeats), (second, vector_repeats)]),
+        "scalar chain": (_chain, [(chain_steps,)], [(chain_steps,), (chain_steps,)]),
+    }
     print("throughput at two threads over one thread (medians of", args.repeats, "timings)")
     for name, (function, one, two) in loops.items():
         alone = statistics.median(_seconds(function, one) for _ in range(args.repeats))
         together = statistics.median(_seconds(function, two) for _ in range(args.repeats))
-        print(f"{name:13s} one thread {alone * 1e3:7.1f} ms, two threads (twice the work) {together * 1e3:7.1f} ms: "
-              f"{2 * alone / together:.2f}x")
+        print(
+            f"{name:13s} one thread {alone * 1e3:7.1f} ms, two threads (twice the work) {together * 1e3:7.1f} ms: "
+            f"{2 * alone / together:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ backward and forward are the op-level calls (``aten::grid_sampler_3d{,_backward}
 ``gs.grid_sampler3d{,_backward}``); the step is ``grid_sample(x, grid).sum().backward()``
 with both leaves requiring grad (``F.grid_sample`` against ``gs.grid_sample``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"{torch.get_num_threads()} thread(s), medians of {args.runs} calls in alternating pairs, us (PyTorch / ours)")
+    print(
+        f"{torch.get_num_threads()} thread(s), medians of {args.runs} calls in alternating pairs, us (PyTorch / ours)"
+    )
     print("| call | output points | backward | forward | autograd step |")
     print("| --- | --- | --- | --- | --- |")
     for batch, channels, edge in SHAPES:
@@ -54,15 +57,18 @@ def main() -> None:
         grad = torch.randn(batch, channels, edge, edge, edge)
         leaves = x.clone().requires_grad_(), grid.clone().requires_grad_()
         pairs = [
-            (lambda: torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, 0, 0, False, [True, True]),
-             lambda: gs.grid_sampler3d_backward(grad, x, grid)),
-            (lambda: torch.ops.aten.grid_sampler_3d(x, grid, 0, 0, False),
-             lambda: gs.grid_sampler3d(x, grid)),
-            (lambda: F.grid_sample(*leaves, align_corners=False).sum().backward(),
-             lambda: gs.grid_sample(*leaves, align_corners=False).sum().backward()),
+            (
+                lambda: torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, 0, 0, False, [True, True]),
+                lambda: gs.grid_sampler3d_backward(grad, x, grid),
+            ),
+            (lambda: torch.ops.aten.grid_sampler_3d(x, grid, 0, 0, False), lambda: gs.grid_sampler3d(x, grid)),
+            (
+                lambda: F.grid_sample(*leaves, align_corners=False).sum().backward(),
+                lambda: gs.grid_sample(*leaves, align_corners=False).sum().backward(),
+            ),
         ]
         cells = ["{:.0f} / {:.0f}".format(*_medians_us(theirs, ours, args.runs)) for theirs, ours in pairs]
-        print(f"| N={batch}, C={channels}, {edge}³ | {batch * edge ** 3:,} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| N={batch}, C={channels}, {edge}³ | {batch * edge**3:,} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

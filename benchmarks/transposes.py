@@ -10,6 +10,7 @@ each. The line per direction gives the medians and the median of the rounds' rat
 whole backward instead, its copy into channels-last made either way. docs/runtime.md
 quotes it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ def _alternating(calls: dict, rounds: int) -> dict:
     times = {name: [] for name in calls}
     for round_ in range(rounds):
         order = list(calls.items())
-        for name, call in (order if round_ % 2 else order[::-1]):
+        for name, call in order if round_ % 2 else order[::-1]:
             call()
             times[name].append(_timed(call))
     return times
@@ -57,12 +58,15 @@ def _backward(rounds: int) -> None:
                 gs.grid_sampler3d_backward(grad, x_ncdhw, grid, *attributes, backend="numba")
             finally:
                 transpose.to_channels_last = engine_copy
+
         return call
 
     times = _alternating({"engine": backward_with(engine_copy), "torch": backward_with(torch_copy)}, rounds)
     ratios = [ours / theirs for ours, theirs in zip(times["engine"], times["torch"])]
-    print(f"feat48 backward: engine copies {statistics.median(times['engine']) * 1e3:6.1f} ms, torch's "
-          f"{statistics.median(times['torch']) * 1e3:6.1f} ms, engine / torch {statistics.median(ratios):.2f}")
+    print(
+        f"feat48 backward: engine copies {statistics.median(times['engine']) * 1e3:6.1f} ms, torch's "
+        f"{statistics.median(times['torch']) * 1e3:6.1f} ms, engine / torch {statistics.median(ratios):.2f}"
+    )
 
 
 def main() -> None:
@@ -80,17 +84,22 @@ def main() -> None:
         ncdhw = torch.randn(2, 32, 48, 48, 48).to(dtype)
         last = ncdhw.contiguous(memory_format=torch.channels_last_3d)
         directions = {
-            "to channels-last": (lambda: transpose.to_channels_last(ncdhw),
-                                 lambda: ncdhw.contiguous(memory_format=torch.channels_last_3d)),
+            "to channels-last": (
+                lambda: transpose.to_channels_last(ncdhw),
+                lambda: ncdhw.contiguous(memory_format=torch.channels_last_3d),
+            ),
             "to NCDHW": (lambda: transpose.to_contiguous(last), lambda: last.contiguous()),
         }
         for direction, (engine, pytorch) in directions.items():
             assert torch.equal(engine(), pytorch()) and engine().stride() == pytorch().stride(), direction
             times = _alternating({"engine": engine, "torch": pytorch}, args.rounds)
             ratios = [ours / theirs for ours, theirs in zip(times["engine"], times["torch"])]
-            print(f"{str(dtype):15s} {direction:16s} engine {statistics.median(times['engine']) * 1e3:6.2f} ms, "
-                  f"torch {statistics.median(times['torch']) * 1e3:6.2f} ms, engine / torch "
-                  f"{statistics.median(ratios):.2f}", flush=True)
+            print(
+                f"{str(dtype):15s} {direction:16s} engine {statistics.median(times['engine']) * 1e3:6.2f} ms, "
+                f"torch {statistics.median(times['torch']) * 1e3:6.2f} ms, engine / torch "
+                f"{statistics.median(ratios):.2f}",
+                flush=True,
+            )
             buffers.release()
 
 

@@ -1,22 +1,52 @@
 """gridsampler3d: 3-D grid sampling and its backward (GridSampler3DGrad), exact and fast.
 
-    y = grid_sampler3d(input, grid, ...)
-    dx, dgrid = grid_sampler3d_backward(grad, input, grid, ...)
-    y = grid_sample(input, grid, mode, padding_mode, align_corners)   # differentiable
-    y = warp(volume, displacement)                                    # fused: identity + displacement
-    y = affine_warp(volume, theta, size, displacement=None)           # fused: F.affine_grid's theta (+ displacement)
+y = grid_sampler3d(input, grid, ...)
+dx, dgrid = grid_sampler3d_backward(grad, input, grid, ...)
+y = grid_sample(input, grid, mode, padding_mode, align_corners)   # differentiable
+y = warp(volume, displacement)                                    # fused: identity + displacement
+y = affine_warp(volume, theta, size, displacement=None)           # fused: F.affine_grid's theta (+ displacement)
 """
+
 from . import requirements  # noqa: F401 - first: refuses a torch older than the custom ops need
-from .api import (affine_warp3d, affine_warp3d_backward, explain, grid_sampler3d, grid_sampler3d_backward, warp3d,
-                  warp3d_backward)
+from .api import (
+    affine_warp3d,
+    affine_warp3d_backward,
+    explain,
+    grid_sampler3d,
+    grid_sampler3d_backward,
+    warp3d,
+    warp3d_backward,
+)
 from .backends import available_backends
 from .modes import DataFormat, DisplacementFormat, Interpolation, Padding
 from .patch import is_patched, patch_torch, patched, unpatch_torch
 from .torch_affine import AffineWarp3d, affine_warp
 from .torch_ops import Warp3d, grid_sample, integrate_velocity, warp
 
-__all__ = ["grid_sampler3d", "grid_sampler3d_backward", "grid_sample", "warp", "warp3d", "warp3d_backward", "Warp3d",
-           "affine_warp", "affine_warp3d", "affine_warp3d_backward", "AffineWarp3d", "integrate_velocity", "explain", "patch_torch", "unpatch_torch", "patched", "is_patched", "available_backends",
-           "Interpolation", "Padding", "DataFormat", "DisplacementFormat", "__version__"]
+__all__ = [
+    "grid_sampler3d",
+    "grid_sampler3d_backward",
+    "grid_sample",
+    "warp",
+    "warp3d",
+    "warp3d_backward",
+    "Warp3d",
+    "affine_warp",
+    "affine_warp3d",
+    "affine_warp3d_backward",
+    "AffineWarp3d",
+    "integrate_velocity",
+    "explain",
+    "patch_torch",
+    "unpatch_torch",
+    "patched",
+    "is_patched",
+    "available_backends",
+    "Interpolation",
+    "Padding",
+    "DataFormat",
+    "DisplacementFormat",
+    "__version__",
+]
 __version__ = "0.1.0"
 """The package's version (PEP 440); the build takes it from here."""

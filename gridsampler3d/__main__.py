@@ -1,4 +1,5 @@
 """``python -m gridsampler3d``: the command line of :mod:`gridsampler3d.cli`."""
+
 import sys
 
 from .cli import main

@@ -30,6 +30,7 @@ times ``(w, h, d, 1)[j]`` over the points (:func:`matrix_gradient`), in float64:
 Every function here takes NumPy arrays or torch tensors alike (float64), so that the
 reference and the engines compute the same bits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,10 @@ def _axes(in_sizes, out_sizes, align_corners: bool):
     depth, height, width = in_sizes
     out_depth, out_height, out_width = out_sizes
     s_in = [_slope(size, align_corners) for size in (width, height, depth)]
-    s_out = [None if (align_corners and size == 1) else _slope(size, align_corners)
-             for size in (out_width, out_height, out_depth)]
+    s_out = [
+        None if (align_corners and size == 1) else _slope(size, align_corners)
+        for size in (out_width, out_height, out_depth)
+    ]
     return s_in, s_out, 0.0 if align_corners else 0.5
 
 
@@ -118,8 +121,17 @@ def matrix_gradient(row_moments, batch: int, out_sizes):
     rows = []
     for i in range(3):
         sums, weighted = moments[..., i], moments[..., 3 + i]
-        rows.append(_stack([weighted.sum(axis=(1, 2)), (sums * h).sum(axis=(1, 2)), (sums * d).sum(axis=(1, 2)),
-                            sums.sum(axis=(1, 2))], 1))
+        rows.append(
+            _stack(
+                [
+                    weighted.sum(axis=(1, 2)),
+                    (sums * h).sum(axis=(1, 2)),
+                    (sums * d).sum(axis=(1, 2)),
+                    sums.sum(axis=(1, 2)),
+                ],
+                1,
+            )
+        )
     return _stack(rows, 1)
 
 
@@ -137,9 +149,12 @@ def theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners: bool):
     rows = []
     for i in range(3):
         constant = matrix_grad[:, i, 3]
-        columns = [zero if s_out[j] is None else
-                   (s_in[i] / s_out[j]) * matrix_grad[:, i, j] + (s_in[i] * (shift / s_out[j] - 1.0)) * constant
-                   for j in range(3)]
+        columns = [
+            zero
+            if s_out[j] is None
+            else (s_in[i] / s_out[j]) * matrix_grad[:, i, j] + (s_in[i] * (shift / s_out[j] - 1.0)) * constant
+            for j in range(3)
+        ]
         rows.append(_stack([*columns, s_in[i] * constant], 1))
     return _stack(rows, 1)
 
@@ -156,6 +171,11 @@ def explicit_grid(theta: torch.Tensor, out_sizes, align_corners: bool, in_sizes=
         return grid
     slopes = [_slope(size, align_corners) for size in reversed(in_sizes)]  # x, y, z
     # A one-voxel axis with align_corners takes index 0 from any normalised coordinate: no step moves it.
-    steps = torch.stack([displacement[:, 2 - axis] / slopes[axis] if slopes[axis] else displacement[:, 2 - axis] * 0
-                         for axis in range(3)], dim=-1)
+    steps = torch.stack(
+        [
+            displacement[:, 2 - axis] / slopes[axis] if slopes[axis] else displacement[:, 2 - axis] * 0
+            for axis in range(3)
+        ],
+        dim=-1,
+    )
     return grid + steps

@@ -11,21 +11,36 @@ The fused warp samples at identity + a displacement in voxels, with no grid:
     volume, dvolume                (N, C, D, H, W)  /  (N, D, H, W, C)
     displacement, ddisplacement    (N, 3, D, H, W)  /  (N, D, H, W, 3)  ((dz, dy, dx) in voxels)
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from .affine import explicit_grid
 from .backends import select_backend
 from .layout import from_ncdhw, memory_format_of, to_ncdhw
 from .modes import DisplacementFormat, parse_data_format, parse_displacement_format, parse_output_mask
-from .affine import explicit_grid
 from .sampling import Field, FieldKind, Gradients, Outputs, Sampling
-from .validate import (check_affine, check_affine_backward, check_backward, check_deterministic, check_forward,
-                       check_warp, check_warp_backward)
+from .validate import (
+    check_affine,
+    check_affine_backward,
+    check_backward,
+    check_deterministic,
+    check_forward,
+    check_warp,
+    check_warp_backward,
+)
 
-__all__ = ["affine_warp3d", "affine_warp3d_backward", "explain", "grid_sampler3d", "grid_sampler3d_backward", "warp3d",
-           "warp3d_backward"]
+__all__ = [
+    "affine_warp3d",
+    "affine_warp3d_backward",
+    "explain",
+    "grid_sampler3d",
+    "grid_sampler3d_backward",
+    "warp3d",
+    "warp3d_backward",
+]
 
 
 def _like_caller(tensor, reference_operand):
@@ -51,8 +66,16 @@ def sample(x: torch.Tensor, field: Field, sampling: Sampling, backend: str = "au
     return engine.forward(x, field, sampling)
 
 
-def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs, *,
-                    backend: str = "auto", deterministic: bool | None = None) -> Gradients:
+def sample_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    field: Field,
+    sampling: Sampling,
+    outputs: Outputs,
+    *,
+    backend: str = "auto",
+    deterministic: bool | None = None,
+) -> Gradients:
     """The backward of checked operands, for every kind of field, on logical NCDHW tensors: what
     :func:`grid_sampler3d_backward`, :func:`warp3d_backward` and :func:`affine_warp3d_backward` run after their
     checks.
@@ -69,9 +92,11 @@ def sample_backward(grad: torch.Tensor, x: torch.Tensor, field: Field, sampling:
     if not any(outputs):
         return Gradients()
     if grad.numel() == 0 or x.numel() == 0:
-        return Gradients(torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None,
-                         torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield
-                         else None, torch.zeros_like(field.theta) if outputs.dtheta else None)
+        return Gradients(
+            torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None,
+            torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None,
+            torch.zeros_like(field.theta) if outputs.dtheta else None,
+        )
     if field.kind.affine and not _finite(field.theta):
         return _explicit_backward(engine, grad, x, field, sampling, outputs, deterministic)
     return engine.backward(grad, x, field, sampling, outputs, deterministic)
@@ -83,8 +108,9 @@ def _finite(theta: torch.Tensor) -> bool:
 
 def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:
     """The grid of an affine field (:func:`.affine.explicit_grid`), for a theta that is not finite."""
-    return Field.grid(explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]),
-                                    field.tensor))
+    return Field.grid(
+        explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]), field.tensor)
+    )
 
 
 def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, outputs: Outputs, deterministic: bool):
@@ -94,18 +120,32 @@ def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, output
     if field.tensor is not None:
         leaves.append(field.tensor.detach().requires_grad_(outputs.dfield))
     with torch.enable_grad():
-        grid = _explicit(Field.affine(leaves[0], field.out_sizes, leaves[1] if len(leaves) > 1 else None), x,
-                         sampling).tensor
-    dx, dgrid, _ = engine.backward(grad, x, Field.grid(grid.detach()), sampling,
-                                   Outputs(outputs.dx, outputs.dtheta or outputs.dfield), deterministic)
+        grid = _explicit(
+            Field.affine(leaves[0], field.out_sizes, leaves[1] if len(leaves) > 1 else None), x, sampling
+        ).tensor
+    dx, dgrid, _ = engine.backward(
+        grad,
+        x,
+        Field.grid(grid.detach()),
+        sampling,
+        Outputs(outputs.dx, outputs.dtheta or outputs.dfield),
+        deterministic,
+    )
     wanted = [leaf for leaf in leaves if leaf.requires_grad]
     found = dict(zip(map(id, wanted), torch.autograd.grad(grid, wanted, dgrid))) if wanted else {}
     dfield = found.get(id(leaves[-1])) if field.tensor is not None and outputs.dfield else None
     return Gradients(dx, dfield, found.get(id(leaves[0])))
 
 
-def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                   align_corners=False, data_format="NCDHW", backend="auto"):
+def grid_sampler3d(
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    data_format="NCDHW",
+    backend="auto",
+):
     """Sample a volume at grid points (``aten::grid_sampler_3d``).
 
     Args:
@@ -132,9 +172,18 @@ def grid_sampler3d(input, grid, interpolation_mode="bilinear", padding_mode="zer
     return _like_caller(from_ncdhw(y, data_format), caller_input)
 
 
-def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                            align_corners=False, output_mask=(True, True), data_format="NCDHW",
-                            backend="auto", deterministic=None):
+def grid_sampler3d_backward(
+    grad,
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    backend="auto",
+    deterministic=None,
+):
     """Gradients of grid sampling (``aten::grid_sampler_3d_backward``, aclnn GridSampler3DGrad).
 
     Args:
@@ -160,8 +209,15 @@ def grid_sampler3d_backward(grad, input, grid, interpolation_mode="bilinear", pa
     deterministic = check_deterministic(deterministic)
     caller_input, caller_grid = input, grid
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    dx, dgrid, _ = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(input, data_format), Field.grid(grid),
-                                sampling, outputs, backend=backend, deterministic=deterministic)
+    dx, dgrid, _ = sample_backward(
+        to_ncdhw(grad, data_format),
+        to_ncdhw(input, data_format),
+        Field.grid(grid),
+        sampling,
+        outputs,
+        backend=backend,
+        deterministic=deterministic,
+    )
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
     return dx, _like_caller(dgrid, caller_grid)
@@ -183,8 +239,16 @@ def _displacement_from_n3dhw(tensor: torch.Tensor, displacement_format: Displace
     return tensor
 
 
-def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="border", align_corners=True,
-           data_format="NCDHW", displacement_format="N3DHW", backend="auto"):
+def warp3d(
+    volume,
+    displacement,
+    interpolation_mode="bilinear",
+    padding_mode="border",
+    align_corners=True,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+):
     """Sample a volume at identity + displacement, with no grid tensor (the registration warp).
 
     Output voxel (d, h, w) is ``volume`` sampled at voxel position (w + dx, h + dy, d + dz),
@@ -212,14 +276,23 @@ def warp3d(volume, displacement, interpolation_mode="bilinear", padding_mode="bo
     displacement_format = parse_displacement_format(displacement_format)
     caller_volume = volume
     volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
-    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling,
-               backend)
+    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling, backend)
     return _like_caller(from_ncdhw(y, data_format), caller_volume)
 
 
-def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", padding_mode="border",
-                    align_corners=True, output_mask=(True, True), data_format="NCDHW", displacement_format="N3DHW",
-                    backend="auto", deterministic=None):
+def warp3d_backward(
+    grad,
+    volume,
+    displacement,
+    interpolation_mode="bilinear",
+    padding_mode="border",
+    align_corners=True,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+    deterministic=None,
+):
     """Gradients of the fused warp :func:`warp3d`: (dvolume, ddisplacement).
 
     Args:
@@ -244,9 +317,15 @@ def warp3d_backward(grad, volume, displacement, interpolation_mode="bilinear", p
     deterministic = check_deterministic(deterministic)
     caller_volume, caller_displacement = volume, displacement
     grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
-    dx, dfield, _ = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format),
-                                 displacement_field(displacement, displacement_format), sampling, outputs,
-                                 backend=backend, deterministic=deterministic)
+    dx, dfield, _ = sample_backward(
+        to_ncdhw(grad, data_format),
+        to_ncdhw(volume, data_format),
+        displacement_field(displacement, displacement_format),
+        sampling,
+        outputs,
+        backend=backend,
+        deterministic=deterministic,
+    )
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
     if dfield is not None:
@@ -262,8 +341,18 @@ def affine_field(theta: torch.Tensor, size, displacement, displacement_format: D
     return Field.affine(theta, size, displacement_field(displacement, displacement_format).tensor)
 
 
-def affine_warp3d(volume, theta, size=None, displacement=None, interpolation_mode="bilinear", padding_mode="zeros",
-                  align_corners=False, data_format="NCDHW", displacement_format="N3DHW", backend="auto"):
+def affine_warp3d(
+    volume,
+    theta,
+    size=None,
+    displacement=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+):
     """Sample a volume at an affine map of the output's voxels, plus an optional displacement, with no grid tensor.
 
     Without ``displacement`` this is ``F.grid_sample(volume, F.affine_grid(theta, (N, C,
@@ -290,16 +379,29 @@ def affine_warp3d(volume, theta, size=None, displacement=None, interpolation_mod
     data_format = parse_data_format(data_format)
     displacement_format = parse_displacement_format(displacement_format)
     caller_volume = volume
-    volume, theta, size, displacement = check_affine(volume, theta, size, displacement, data_format,
-                                                     displacement_format)
+    volume, theta, size, displacement = check_affine(
+        volume, theta, size, displacement, data_format, displacement_format
+    )
     field = affine_field(theta, size, displacement, displacement_format)
     y = sample(to_ncdhw(volume, data_format), field, sampling, backend)
     return _like_caller(from_ncdhw(y, data_format), caller_volume)
 
 
-def affine_warp3d_backward(grad, volume, theta, size=None, displacement=None, interpolation_mode="bilinear",
-                           padding_mode="zeros", align_corners=False, output_mask=(True, True, True),
-                           data_format="NCDHW", displacement_format="N3DHW", backend="auto", deterministic=None):
+def affine_warp3d_backward(
+    grad,
+    volume,
+    theta,
+    size=None,
+    displacement=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True, True),
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+    deterministic=None,
+):
     """Gradients of :func:`affine_warp3d`: (dvolume, dtheta, ddisplacement).
 
     Args:
@@ -320,12 +422,19 @@ def affine_warp3d_backward(grad, volume, theta, size=None, displacement=None, in
     displacement_format = parse_displacement_format(displacement_format)
     deterministic = check_deterministic(deterministic)
     callers = (volume, theta, displacement)
-    grad, volume, theta, size, displacement = check_affine_backward(grad, volume, theta, size, displacement,
-                                                                    data_format, displacement_format)
+    grad, volume, theta, size, displacement = check_affine_backward(
+        grad, volume, theta, size, displacement, data_format, displacement_format
+    )
     field = affine_field(theta, size, displacement, displacement_format)
-    dx, dfield, dtheta = sample_backward(to_ncdhw(grad, data_format), to_ncdhw(volume, data_format), field,
-                                         sampling, Outputs(want_dx, want_ddisplacement, want_dtheta),
-                                         backend=backend, deterministic=deterministic)
+    dx, dfield, dtheta = sample_backward(
+        to_ncdhw(grad, data_format),
+        to_ncdhw(volume, data_format),
+        field,
+        sampling,
+        Outputs(want_dx, want_ddisplacement, want_dtheta),
+        backend=backend,
+        deterministic=deterministic,
+    )
     if dx is not None:
         dx = _like_caller(from_ncdhw(dx, data_format), callers[0])
     if dfield is not None:
@@ -333,9 +442,21 @@ def affine_warp3d_backward(grad, volume, theta, size=None, displacement=None, in
     return dx, _like_caller(dtheta, callers[1]), dfield
 
 
-def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-            output_mask=(True, True), data_format="NCDHW", field_kind="grid", device=None, deterministic=None,
-            size=None, displacement=None):
+def explain(
+    input,
+    field,
+    grad=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+    field_kind="grid",
+    device=None,
+    deterministic=None,
+    size=None,
+    displacement=None,
+):
     """The plan an engine makes for a call, made as the call would make it, without running any kernel.
 
     With ``grad`` the plan is the backward's (:func:`grid_sampler3d_backward`), else the
@@ -367,11 +488,14 @@ def explain(input, field, grad=None, interpolation_mode="bilinear", padding_mode
         from .gpu.engine import plan_call as plan_gpu_call
 
         deterministic = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
-        return plan_gpu_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic),
-                             device=device)
+        return plan_gpu_call(
+            x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic), device=device
+        )
     if device.type != "cpu" or x.device.type != "cpu":
-        raise ValueError(f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
-                         f"{x.device} and device={device}")
+        raise ValueError(
+            f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
+            f"{x.device} and device={device}"
+        )
     from .cpu.engine import plan_call
     from .cpu.planner import Stage
 
@@ -383,30 +507,39 @@ def _explained_call(kind: FieldKind, input, field, grad, output_mask, data_forma
     """(grad, x, the :class:`.sampling.Field`, the outputs asked for) of a call :func:`explain` describes, checked as
     the call checks them; grad and x in logical NCDHW order, grad None for a forward."""
     if kind.affine:
-        mask = parse_output_mask(output_mask if len(tuple(output_mask)) == 3 else (*output_mask, True),
-                                 "dvolume, dtheta, ddisplacement")
+        mask = parse_output_mask(
+            output_mask if len(tuple(output_mask)) == 3 else (*output_mask, True), "dvolume, dtheta, ddisplacement"
+        )
         if grad is None:
-            input, field, size, displacement = check_affine(input, field, size, displacement, data_format,
-                                                            DisplacementFormat.N3DHW)
+            input, field, size, displacement = check_affine(
+                input, field, size, displacement, data_format, DisplacementFormat.N3DHW
+            )
         else:
-            grad, input, field, size, displacement = check_affine_backward(grad, input, field, size, displacement,
-                                                                           data_format, DisplacementFormat.N3DHW)
+            grad, input, field, size, displacement = check_affine_backward(
+                grad, input, field, size, displacement, data_format, DisplacementFormat.N3DHW
+            )
         outputs, checked = Outputs(mask[0], mask[2], mask[1]), Field.affine(field, size, displacement)
     else:
         outputs = Outputs(*parse_output_mask(output_mask))
         if kind == FieldKind.DISPLACEMENT:
-            checked = check_warp(input, field, data_format, DisplacementFormat.N3DHW) if grad is None else \
-                check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+            checked = (
+                check_warp(input, field, data_format, DisplacementFormat.N3DHW)
+                if grad is None
+                else check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
+            )
         else:
-            checked = check_forward(input, field, data_format) if grad is None else \
-                check_backward(grad, input, field, data_format)
+            checked = (
+                check_forward(input, field, data_format)
+                if grad is None
+                else check_backward(grad, input, field, data_format)
+            )
         grad, input, field_tensor = (None, *checked) if grad is None else checked
         checked = Field(kind, field_tensor)
     return (None if grad is None else to_ncdhw(grad, data_format)), to_ncdhw(input, data_format), checked, outputs
 
 
 def _parse_field_kind(value) -> FieldKind:
-    """"grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
+    """ "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
     field with a displacement too)."""
     if isinstance(value, FieldKind):
         return value

@@ -6,6 +6,7 @@ the field as a :class:`.sampling.Field` and the rule as a :class:`.sampling.Samp
 returns tensors in logical NCDHW order, laid out like its ``x``; a field's gradient comes
 back shaped like the field's tensor, in :meth:`.sampling.Field.gradient_format`.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -19,8 +20,17 @@ from .layout import memory_format_of
 from .rounding import round_once
 from .sampling import Field, Gradients, Outputs, Sampling
 
-__all__ = ["BACKENDS", "Backend", "available_backends", "select_backend", "describe_backends", "auto_choices",
-           "cpu_engine", "library_versions", "ReferenceBackend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "available_backends",
+    "select_backend",
+    "describe_backends",
+    "auto_choices",
+    "cpu_engine",
+    "library_versions",
+    "ReferenceBackend",
+]
 
 # The device types a backend is asked about when it describes itself.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -40,8 +50,15 @@ class Backend(Protocol):
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
         """y (N, C, Do, Ho, Wo): ``x`` (N, C, D, H, W) sampled at ``field``, laid out like ``x``."""
 
-    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool) -> Gradients:
+    def backward(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        field: Field,
+        sampling: Sampling,
+        outputs: Outputs,
+        deterministic: bool,
+    ) -> Gradients:
         """(dx like ``x``, the gradient of the field's tensor like it, theta's like theta), None where ``outputs``
         leaves one out.
 
@@ -75,13 +92,23 @@ class ReferenceBackend:
         y = reference.sample(_to_float64_numpy(x), _reference_field(field), field.kind, sampling)
         return _tensor_like(y, x, memory_format_of(x))
 
-    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool) -> Gradients:
-        dx, dfield, dtheta = reference.sample_backward(_to_float64_numpy(grad), _to_float64_numpy(x),
-                                                       _reference_field(field), field.kind, sampling, outputs)
-        return Gradients(None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
-                         None if dfield is None else _tensor_like(dfield, field.tensor, field.gradient_format()),
-                         None if dtheta is None else _tensor_like(dtheta, field.theta, torch.contiguous_format))
+    def backward(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        field: Field,
+        sampling: Sampling,
+        outputs: Outputs,
+        deterministic: bool,
+    ) -> Gradients:
+        dx, dfield, dtheta = reference.sample_backward(
+            _to_float64_numpy(grad), _to_float64_numpy(x), _reference_field(field), field.kind, sampling, outputs
+        )
+        return Gradients(
+            None if dx is None else _tensor_like(dx, x, memory_format_of(x)),
+            None if dfield is None else _tensor_like(dfield, field.tensor, field.gradient_format()),
+            None if dtheta is None else _tensor_like(dtheta, field.theta, torch.contiguous_format),
+        )
 
 
 def _reference_field(field: Field):
@@ -123,8 +150,10 @@ _AUTO_ORDER = {"cpu": ("numba", "reference"), "cuda": ("triton", "reference")}
 
 
 # What makes each engine available, named when "auto" has to pass it over.
-_REMEDIES = {"numba": "pip install numba",
-             "triton": "pip install 'gridsampler3d[gpu]' (Triton) next to a CUDA build of PyTorch"}
+_REMEDIES = {
+    "numba": "pip install numba",
+    "triton": "pip install 'gridsampler3d[gpu]' (Triton) next to a CUDA build of PyTorch",
+}
 _warned_fallbacks: set[str] = set()
 
 
@@ -150,9 +179,13 @@ def _warn_slow_fallback(device: torch.device, passed_over) -> None:
         remedy = "; ".join(f"for {name}: {_REMEDIES[name]}" for name, _ in passed_over if name in _REMEDIES)
     else:
         why, remedy = f"no engine runs {device.type} tensors", "compute on CPU or CUDA tensors"
-    warnings.warn(f"gridsampler3d: backend='auto' runs {device.type} tensors on the NumPy reference, which copies "
-                  f"them to the host and back and is far slower ({why}). Remedy: {remedy}. Pass "
-                  f"backend='reference' to choose it knowingly. (Warned once.)", UserWarning, stacklevel=3)
+    warnings.warn(
+        f"gridsampler3d: backend='auto' runs {device.type} tensors on the NumPy reference, which copies "
+        f"them to the host and back and is far slower ({why}). Remedy: {remedy}. Pass "
+        f"backend='reference' to choose it knowingly. (Warned once.)",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def select_backend(name: str, device: torch.device):
@@ -188,9 +221,15 @@ def available_backends() -> list[str]:
 def describe_backends() -> list[dict]:
     """One entry per backend: ``name``, ``available``, ``reason`` (why not, or None) and the
     ``device_types`` (of :data:`DEVICE_TYPES`) whose tensors it runs."""
-    return [{"name": name, "available": backend.unavailable_reason() is None, "reason": backend.unavailable_reason(),
-             "device_types": [kind for kind in DEVICE_TYPES if backend.supports(torch.device(kind))]}
-            for name, backend in BACKENDS.items()]
+    return [
+        {
+            "name": name,
+            "available": backend.unavailable_reason() is None,
+            "reason": backend.unavailable_reason(),
+            "device_types": [kind for kind in DEVICE_TYPES if backend.supports(torch.device(kind))],
+        }
+        for name, backend in BACKENDS.items()
+    ]
 
 
 def auto_choices() -> dict[str, str | None]:

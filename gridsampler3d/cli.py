@@ -1,14 +1,15 @@
 """The ``gridsampler3d`` command line.
 
-    gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
-    gridsampler3d cases --out DIR [--count K] [--seed S] [--dtypes float16,bfloat16,float32,float64]
-    gridsampler3d compare (--case DIR | --grad g.npy --input x.npy --grid grid.npy [attributes] [--dtype D])
-        [--dx FILE] [--dgrid FILE] [--json PATH]
-    gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
-    gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
-    gridsampler3d bench [--cases ...] [--threads N[,M]] [--explain] [--json FILE] [--plot FILE] [--out FILE.md]
-    gridsampler3d backends
+gridsampler3d run [--grad g.npy --input x.npy --grid grid.npy] [attributes] --out DIR
+gridsampler3d cases --out DIR [--count K] [--seed S] [--dtypes float16,bfloat16,float32,float64]
+gridsampler3d compare (--case DIR | --grad g.npy --input x.npy --grid grid.npy [attributes] [--dtype D])
+    [--dx FILE] [--dgrid FILE] [--json PATH]
+gridsampler3d demo [--size S] [--steps N] [--device cpu|cuda] [--seed K] [--out DIR]
+gridsampler3d check [--device cpu|cuda] [--backends a,b] [--quick]
+gridsampler3d bench [--cases ...] [--threads N[,M]] [--explain] [--json FILE] [--plot FILE] [--out FILE.md]
+gridsampler3d backends
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,13 +6,14 @@ this composite, which follows the same coordinate rules (reference.py) with torc
 It gathers per tap, so it takes memory proportional to channels x points: it is used
 only when a second derivative is asked for.
 """
+
 from __future__ import annotations
 
 import torch
 
+from .affine import voxel_matrix
 from .modes import Interpolation, Padding
 from .reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
-from .affine import voxel_matrix
 from .sampling import Field, FieldKind, Sampling
 
 __all__ = ["sample"]
@@ -69,6 +70,7 @@ def _pad_tap(coord, size: int, padding: Padding, align_corners: bool):
 
 def _cubic_weights(t):
     """The four cubic convolution weights (taps floor - 1 .. floor + 2) at fraction t."""
+
     def near(x):
         return ((CUBIC_A + 2) * x - (CUBIC_A + 3)) * x * x + 1
 
@@ -84,8 +86,9 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, kin
     index = [_unnormalize(grid[..., axis], size, align_corners, kind) for axis, size in enumerate(sizes)]
     lows = [torch.floor(i).detach() for i in index]
     weights = [_cubic_weights(i - low) for i, low in zip(index, lows)]
-    corners = [[_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)]
-               for low, size in zip(lows, sizes)]
+    corners = [
+        [_pad_tap(low - 1 + step, size, padding, align_corners) for step in range(4)] for low, size in zip(lows, sizes)
+    ]
     output = torch.zeros(out_shape, dtype=x.dtype, device=x.device)
     for k in range(4):
         for j in range(4):
@@ -109,8 +112,10 @@ def _positions(field: Field, in_sizes, align_corners: bool):
     zz, yy, xx = torch.meshgrid(*[torch.arange(size, **options) for size in out_sizes], indexing="ij")
     if field.kind.affine:
         matrix = voxel_matrix(field.theta, in_sizes, out_sizes, align_corners)[:, :, :, None, None, None]
-        identity = [matrix[:, axis, 0] * xx + ((matrix[:, axis, 1] * yy + matrix[:, axis, 2] * zz) + matrix[:, axis, 3])
-                    for axis in range(3)]
+        identity = [
+            matrix[:, axis, 0] * xx + ((matrix[:, axis, 1] * yy + matrix[:, axis, 2] * zz) + matrix[:, axis, 3])
+            for axis in range(3)
+        ]
     else:
         identity = [xx, yy, zz]
     if field.tensor is None:
@@ -136,8 +141,10 @@ def sample(x, field: Field, sampling: Sampling):
 
     if interpolation == Interpolation.BICUBIC:
         return _bicubic(x, grid, padding, align_corners, tap, out_shape, kind)
-    index = [_source_index(grid[..., axis], size, padding, align_corners, kind)
-             for axis, size in enumerate((width, height, depth))]
+    index = [
+        _source_index(grid[..., axis], size, padding, align_corners, kind)
+        for axis, size in enumerate((width, height, depth))
+    ]
 
     if interpolation == Interpolation.NEAREST:
         values, valid = tap(*(torch.round(i).detach() for i in index))  # round half to even, as nearbyint

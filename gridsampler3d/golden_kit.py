@@ -14,6 +14,7 @@ NumPy has no bfloat16: a bfloat16 case's inputs are ``grad.bin``, ``input.bin`` 
 :func:`gridsampler3d.precision.golden_backward`: PyTorch's CPU backward in float64 on the
 upcast inputs (for bicubic, which PyTorch lacks in 3-D, this library's float64 reference).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,22 @@ from . import precision
 from .modes import parse_align_corners, parse_data_format, parse_interpolation, parse_padding
 from .validate import DTYPES, check_backward
 
-__all__ = ["CASE_SET", "CaseSpec", "Case", "CaseFileError", "dtype_name", "case_set", "case_operands",
-           "write_case", "write_cases", "write_array", "read_array", "read_case", "make_case", "case_from_npy"]
+__all__ = [
+    "CASE_SET",
+    "CaseSpec",
+    "Case",
+    "CaseFileError",
+    "dtype_name",
+    "case_set",
+    "case_operands",
+    "write_case",
+    "write_cases",
+    "write_array",
+    "read_array",
+    "read_case",
+    "make_case",
+    "case_from_npy",
+]
 
 INPUTS = ("grad", "input", "grid")
 # A uniform grid reaches this far past [-1, 1] on every side, so that every padding rule acts.
@@ -111,12 +126,16 @@ class Case:
 
     def attributes(self) -> dict:
         """The keyword arguments of the backward that describe this case (modes, align_corners, data_format)."""
-        return {"interpolation_mode": self.interpolation_mode, "padding_mode": self.padding_mode,
-                "align_corners": self.align_corners, "data_format": self.data_format}
+        return {
+            "interpolation_mode": self.interpolation_mode,
+            "padding_mode": self.padding_mode,
+            "align_corners": self.align_corners,
+            "data_format": self.data_format,
+        }
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """"float16" for torch.float16, and so on."""
+    """ "float16" for torch.float16, and so on."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -166,26 +185,41 @@ def case_operands(spec: CaseSpec, dtype: torch.dtype, *, seed: int, index: int):
 def folder_name(index: int, spec: CaseSpec, dtype: str) -> str:
     """A case folder's name: its place in the set and what it holds."""
     corners = "ac" if spec.align_corners else "noac"
-    return (f"{index:03d}-{dtype}-{spec.interpolation_mode}-{spec.padding_mode}-{corners}-{spec.data_format}-"
-            f"{spec.grid_kind}")
+    return (
+        f"{index:03d}-{dtype}-{spec.interpolation_mode}-{spec.padding_mode}-{corners}-{spec.data_format}-"
+        f"{spec.grid_kind}"
+    )
 
 
 def write_case(folder, spec: CaseSpec, dtype: str, *, seed: int, index: int) -> Path:
     """Write entry ``index`` of the set in ``dtype`` (a name) into ``folder``: inputs, golden, case.json."""
     folder = Path(folder)
     grad, x, grid = case_operands(spec, DTYPES[dtype], seed=seed, index=index)
-    attributes = {"interpolation_mode": spec.interpolation_mode, "padding_mode": spec.padding_mode,
-                  "align_corners": spec.align_corners}
+    attributes = {
+        "interpolation_mode": spec.interpolation_mode,
+        "padding_mode": spec.padding_mode,
+        "align_corners": spec.align_corners,
+    }
     dx, dgrid = precision.golden_backward(grad, x, grid, **attributes, data_format=spec.data_format)
     suffix = ".bin" if dtype == "bfloat16" else ".npy"
-    files = {"grad": "grad" + suffix, "input": "input" + suffix, "grid": "grid" + suffix,
-             "dx_golden": "dx_golden.npy", "dgrid_golden": "dgrid_golden.npy"}
+    files = {
+        "grad": "grad" + suffix,
+        "input": "input" + suffix,
+        "grid": "grid" + suffix,
+        "dx_golden": "dx_golden.npy",
+        "dgrid_golden": "dgrid_golden.npy",
+    }
     folder.mkdir(parents=True, exist_ok=True)
     for key, tensor in zip(files, (grad, x, grid, dx, dgrid)):
         write_array(folder / files[key], tensor)
     shapes = {"grad": grad, "input": x, "grid": grid, "dx": dx, "dgrid": dgrid}
-    description = {"dtype": dtype, "data_format": spec.data_format, **attributes, "files": files,
-                   "shapes": {key: list(tensor.shape) for key, tensor in shapes.items()}}
+    description = {
+        "dtype": dtype,
+        "data_format": spec.data_format,
+        **attributes,
+        "files": files,
+        "shapes": {key: list(tensor.shape) for key, tensor in shapes.items()},
+    }
     text = json.dumps(description, indent=2)
     # A shape reads best on one line: [1, 2, 5, 6, 7].
     text = re.sub(r"\[\s+([\d,\s]*?)\s+\]", lambda match: "[" + " ".join(match.group(1).split()) + "]", text)
@@ -232,30 +266,34 @@ def _read_npy(path: Path, label: str, dtype: torch.dtype | None) -> torch.Tensor
         array = np.load(path, allow_pickle=False)
     except ValueError as error:
         if "pickle" in str(error):
-            raise CaseFileError(f"{label}: {path} holds pickled Python objects, which are never unpickled; "
-                                f"expected {expected}") from None
+            raise CaseFileError(
+                f"{label}: {path} holds pickled Python objects, which are never unpickled; expected {expected}"
+            ) from None
         raise CaseFileError(f"{label}: {path} is not a readable .npy array ({error}); expected {expected}") from None
     except (OSError, EOFError) as error:
         raise CaseFileError(f"{label}: {path} is not a readable .npy array ({error}); expected {expected}") from None
     if not isinstance(array, np.ndarray):
         raise CaseFileError(f"{label}: {path} is an archive of arrays; expected {expected} in a .npy file")
     if array.dtype.kind != "f" or array.dtype.itemsize not in (2, 4, 8):
-        raise CaseFileError(f"{label}: {path} holds {array.dtype}; expected {expected}"
-                            f"{_bfloat16_hint(dtype)}")
+        raise CaseFileError(f"{label}: {path} holds {array.dtype}; expected {expected}{_bfloat16_hint(dtype)}")
     return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=False))
 
 
 def _read_bin(path: Path, label: str, dtype: torch.dtype | None, shape) -> torch.Tensor:
     """Raw little-endian values in C order of a known dtype and shape."""
     if dtype is None or shape is None:
-        raise CaseFileError(f"{label}: {path} is raw .bin, whose dtype and shape only a case folder gives: "
-                            "use --case, or give a .npy file")
+        raise CaseFileError(
+            f"{label}: {path} is raw .bin, whose dtype and shape only a case folder gives: "
+            "use --case, or give a .npy file"
+        )
     width = torch.finfo(dtype).bits // 8
     expected = math.prod(shape) * width
     size = path.stat().st_size
     if size != expected:
-        raise CaseFileError(f"{label}: {path} has {size} bytes; expected {expected} (shape {tuple(shape)} of "
-                            f"{dtype_name(dtype)}, {width} bytes each, little-endian)")
+        raise CaseFileError(
+            f"{label}: {path} has {size} bytes; expected {expected} (shape {tuple(shape)} of "
+            f"{dtype_name(dtype)}, {width} bytes each, little-endian)"
+        )
     if dtype == torch.bfloat16:
         raw = np.fromfile(path, dtype="<i2").astype(np.int16)
         return torch.from_numpy(raw).view(torch.bfloat16).reshape(tuple(shape))
@@ -276,8 +314,9 @@ def read_array(path, *, label: str, dtype: torch.dtype | None = None, shape=None
         raise CaseFileError(f"{label}: no such file: {path}")
     tensor = _read_bin(path, label, dtype, shape) if path.suffix == ".bin" else _read_npy(path, label, dtype)
     if dtype is not None and tensor.dtype != dtype:
-        raise CaseFileError(f"{label}: {path} holds {dtype_name(tensor.dtype)}; expected {dtype_name(dtype)}"
-                            f"{_bfloat16_hint(dtype)}")
+        raise CaseFileError(
+            f"{label}: {path} holds {dtype_name(tensor.dtype)}; expected {dtype_name(dtype)}{_bfloat16_hint(dtype)}"
+        )
     if shape is not None and tuple(tensor.shape) != tuple(shape):
         raise CaseFileError(f"{label}: {path} has shape {tuple(tensor.shape)}; expected {tuple(shape)}")
     return tensor
@@ -287,10 +326,16 @@ def make_case(grad, input, grid, *, interpolation_mode, padding_mode, align_corn
     """A :class:`Case` of checked operands (one dtype, consistent shapes) and normalised attribute names."""
     data_format = parse_data_format(data_format)
     grad, input, grid = check_backward(grad, input, grid, data_format)
-    return Case(dtype=input.dtype, data_format=data_format.value,
-                interpolation_mode=parse_interpolation(interpolation_mode).name.lower(),
-                padding_mode=parse_padding(padding_mode).name.lower(),
-                align_corners=parse_align_corners(align_corners), grad=grad, input=input, grid=grid)
+    return Case(
+        dtype=input.dtype,
+        data_format=data_format.value,
+        interpolation_mode=parse_interpolation(interpolation_mode).name.lower(),
+        padding_mode=parse_padding(padding_mode).name.lower(),
+        align_corners=parse_align_corners(align_corners),
+        grad=grad,
+        input=input,
+        grid=grid,
+    )
 
 
 def _case_field(description: dict, key: str, kind: type, path: Path):
@@ -324,10 +369,18 @@ def read_case(folder) -> Case:
         raise CaseFileError(f"--case: {path}'s dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
     files = _case_field(description, "files", dict, path)
     shapes = _case_field(description, "shapes", dict, path)
-    operands = {name: read_array(Path(folder) / _case_field(files, name, str, path), label="--case",
-                                 dtype=DTYPES[dtype], shape=_shape(shapes, name, path)) for name in INPUTS}
-    attributes = {key: description.get(key) for key in ("interpolation_mode", "padding_mode", "align_corners",
-                                                           "data_format")}
+    operands = {
+        name: read_array(
+            Path(folder) / _case_field(files, name, str, path),
+            label="--case",
+            dtype=DTYPES[dtype],
+            shape=_shape(shapes, name, path),
+        )
+        for name in INPUTS
+    }
+    attributes = {
+        key: description.get(key) for key in ("interpolation_mode", "padding_mode", "align_corners", "data_format")
+    }
     try:
         return make_case(**operands, **attributes)
     except (TypeError, ValueError) as error:
@@ -339,8 +392,10 @@ def _exactly_in(tensor: torch.Tensor, dtype: torch.dtype, label: str, path) -> t
     converted = tensor.to(dtype)
     back = converted.to(tensor.dtype)
     if not bool(((back == tensor) | (back.isnan() & tensor.isnan())).all()):
-        raise CaseFileError(f"{label}: {path} holds {dtype_name(tensor.dtype)} values that {dtype_name(dtype)} "
-                            f"cannot hold exactly; expected values already rounded to {dtype_name(dtype)}")
+        raise CaseFileError(
+            f"{label}: {path} holds {dtype_name(tensor.dtype)} values that {dtype_name(dtype)} "
+            f"cannot hold exactly; expected values already rounded to {dtype_name(dtype)}"
+        )
     return converted
 
 
@@ -358,7 +413,9 @@ def case_from_npy(grad, input, grid, *, dtype: torch.dtype | None = None, **attr
         if array.dtype == target:
             continue
         if dtype is None:
-            raise CaseFileError(f"--{name}: {paths[name]} holds {dtype_name(array.dtype)}; expected "
-                                f"{dtype_name(target)}, the dtype of --input (or give --dtype)")
+            raise CaseFileError(
+                f"--{name}: {paths[name]} holds {dtype_name(array.dtype)}; expected "
+                f"{dtype_name(target)}, the dtype of --input (or give --dtype)"
+            )
         arrays[name] = _exactly_in(array, target, f"--{name}", paths[name])
     return make_case(**arrays, **attributes)

@@ -2,23 +2,31 @@
 
 Shared by the command line, the benchmarks and the tests, so that they all see the same data.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["phantom", "identity_grid", "smooth_displacement", "warp_grid", "random_affine_grid",
-           "uniform_grid", "default_case"]
+__all__ = [
+    "phantom",
+    "identity_grid",
+    "smooth_displacement",
+    "warp_grid",
+    "random_affine_grid",
+    "uniform_grid",
+    "default_case",
+]
 
 # Ellipsoids of the phantom: centre (z, y, x) and radii as fractions of the volume, intensity, label.
 _STRUCTURES = (
-    ((0.50, 0.50, 0.50), (0.42, 0.38, 0.33), 0.35, 1),   # body
-    ((0.50, 0.42, 0.50), (0.30, 0.24, 0.24), 0.65, 2),   # organ
-    ((0.45, 0.40, 0.40), (0.12, 0.07, 0.05), 0.15, 3),   # left cavity
-    ((0.45, 0.40, 0.60), (0.12, 0.07, 0.05), 0.15, 3),   # right cavity
-    ((0.62, 0.62, 0.50), (0.08, 0.08, 0.08), 1.00, 4),   # dense nodule
-    ((0.35, 0.68, 0.42), (0.05, 0.09, 0.06), 0.85, 5),   # small structure
+    ((0.50, 0.50, 0.50), (0.42, 0.38, 0.33), 0.35, 1),  # body
+    ((0.50, 0.42, 0.50), (0.30, 0.24, 0.24), 0.65, 2),  # organ
+    ((0.45, 0.40, 0.40), (0.12, 0.07, 0.05), 0.15, 3),  # left cavity
+    ((0.45, 0.40, 0.60), (0.12, 0.07, 0.05), 0.15, 3),  # right cavity
+    ((0.62, 0.62, 0.50), (0.08, 0.08, 0.08), 1.00, 4),  # dense nodule
+    ((0.35, 0.68, 0.42), (0.05, 0.09, 0.06), 0.85, 5),  # small structure
 )
 
 
@@ -49,8 +57,9 @@ def identity_grid(batch: int, size, align_corners: bool = False, dtype=torch.flo
     return grid.to(dtype)
 
 
-def smooth_displacement(batch: int, size, magnitude: float = 0.08, coarse: int = 5, seed: int = 0,
-                        dtype=torch.float32) -> torch.Tensor:
+def smooth_displacement(
+    batch: int, size, magnitude: float = 0.08, coarse: int = 5, seed: int = 0, dtype=torch.float32
+) -> torch.Tensor:
     """A smooth random displacement in normalised units: (N, D, H, W, 3), |d| ≲ ``magnitude``.
 
     Random values on a ``coarse``³ lattice, upsampled trilinearly: low-frequency, as a
@@ -63,16 +72,18 @@ def smooth_displacement(batch: int, size, magnitude: float = 0.08, coarse: int =
     return (magnitude * field).permute(0, 2, 3, 4, 1).contiguous().to(dtype)
 
 
-def warp_grid(batch: int, size, magnitude: float = 0.08, seed: int = 0, align_corners: bool = False,
-              dtype=torch.float32) -> torch.Tensor:
+def warp_grid(
+    batch: int, size, magnitude: float = 0.08, seed: int = 0, align_corners: bool = False, dtype=torch.float32
+) -> torch.Tensor:
     """Identity plus a smooth random displacement: (N, D, H, W, 3)."""
     grid = identity_grid(batch, size, align_corners, torch.float64)
     grid = grid + smooth_displacement(batch, size, magnitude, seed=seed, dtype=torch.float64)
     return grid.to(dtype)
 
 
-def random_affine_grid(batch: int, size, seed: int = 0, strength: float = 0.15, dtype=torch.float32,
-                       align_corners: bool = False) -> torch.Tensor:
+def random_affine_grid(
+    batch: int, size, seed: int = 0, strength: float = 0.15, dtype=torch.float32, align_corners: bool = False
+) -> torch.Tensor:
     """The grid of a random near-identity affine map (rotation, scale, shear, shift): (N, D, H, W, 3)."""
     depth, height, width = (size,) * 3 if isinstance(size, int) else size
     generator = torch.Generator().manual_seed(seed)
@@ -82,8 +93,9 @@ def random_affine_grid(batch: int, size, seed: int = 0, strength: float = 0.15, 
     return grid.to(dtype)
 
 
-def uniform_grid(batch: int, size, low: float = -1.1, high: float = 1.1, seed: int = 0,
-                 dtype=torch.float32) -> torch.Tensor:
+def uniform_grid(
+    batch: int, size, low: float = -1.1, high: float = 1.1, seed: int = 0, dtype=torch.float32
+) -> torch.Tensor:
     """Independent uniform coordinates in [low, high]: (N, D, H, W, 3)."""
     depth, height, width = (size,) * 3 if isinstance(size, int) else size
     generator = torch.Generator().manual_seed(seed)

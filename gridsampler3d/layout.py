@@ -5,6 +5,7 @@ storage, strided channels-last: nothing is copied on the way in. Of the package 
 imports only the DataFormat enum, so that the API, the registry and the engines can all use it
 without importing one another.
 """
+
 from __future__ import annotations
 
 import torch

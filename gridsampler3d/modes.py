@@ -3,12 +3,23 @@
 Every attribute is normalised here, once, at the API edge. Below the API only these
 enums (which are ``int`` subclasses carrying the aclnn integer codes) travel.
 """
+
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Interpolation", "Padding", "DataFormat", "DisplacementFormat", "parse_interpolation", "parse_padding",
-           "parse_data_format", "parse_displacement_format", "parse_align_corners", "parse_output_mask"]
+__all__ = [
+    "Interpolation",
+    "Padding",
+    "DataFormat",
+    "DisplacementFormat",
+    "parse_interpolation",
+    "parse_padding",
+    "parse_data_format",
+    "parse_displacement_format",
+    "parse_align_corners",
+    "parse_output_mask",
+]
 
 
 class Interpolation(enum.IntEnum):
@@ -44,8 +55,9 @@ class DisplacementFormat(str, enum.Enum):
 # {Interpolation: {"bilinear": Interpolation.BILINEAR, ...}, Padding: {...}}: each member by its
 # lower-case name. A plain dict, not a cached function: torch.export traces these parsers, and
 # Dynamo warns at every cached function it meets.
-_LOWER_NAMES = {enum_type: {member.name.lower(): member for member in enum_type}
-                for enum_type in (Interpolation, Padding)}
+_LOWER_NAMES = {
+    enum_type: {member.name.lower(): member for member in enum_type} for enum_type in (Interpolation, Padding)
+}
 
 
 def _parse_enum(value, enum_type, what: str):
@@ -132,8 +144,7 @@ def parse_output_mask(value, names: str = "dx, dgrid") -> tuple[bool, ...]:
     try:
         items = tuple(value)
     except TypeError:
-        raise TypeError(f"output_mask must be {what} bools ({names}); got {type(value).__name__} "
-                        f"{value!r}") from None
+        raise TypeError(f"output_mask must be {what} bools ({names}); got {type(value).__name__} {value!r}") from None
     if len(items) != count or not all(_is_bool(item) for item in items):
         raise TypeError(f"output_mask must be {what} bools ({names}); got {value!r}")
     return tuple(bool(item) for item in items)

@@ -16,6 +16,7 @@ modes ``F.grid_sample`` takes (and ``"bicubic"``, tricubic, which MONAI's torch 
 in 3-D). The output is a torch tensor (C, *spatial_size) in the input's dtype, without
 MONAI's metadata. MONAI is imported when a transform is made, not with this module.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,11 +41,11 @@ def theta_from_monai(affine, in_spatial, out_spatial, align_corners: bool = Fals
     in_spatial, out_spatial = tuple(int(size) for size in in_spatial), tuple(int(size) for size in out_spatial)
     linear, translation = affine[:3, :3], affine[:3, 3]
     if align_corners:
-        linear = linear * torch.tensor([max(size, 2) / (max(size, 2) - 1) for size in out_spatial],
-                                       dtype=torch.float64)
+        linear = linear * torch.tensor([max(size, 2) / (max(size, 2) - 1) for size in out_spatial], dtype=torch.float64)
     # index_k = a_k p_k + b_k: F.grid_sample's unnormalisation of 2 p / max(2, S_in)
-    scale = torch.tensor([(size - 1 if align_corners else size) / max(2, size) for size in in_spatial],
-                         dtype=torch.float64)
+    scale = torch.tensor(
+        [(size - 1 if align_corners else size) / max(2, size) for size in in_spatial], dtype=torch.float64
+    )
     shift = torch.tensor([(size - 1) / 2 for size in in_spatial], dtype=torch.float64)
     centre = torch.tensor([(size - 1) / 2 for size in out_spatial], dtype=torch.float64)
     matrix = scale[:, None] * linear
@@ -57,8 +58,14 @@ def theta_from_monai(affine, in_spatial, out_spatial, align_corners: bool = Fals
 def _sample(image, theta, spatial_size, mode, padding_mode, align_corners) -> torch.Tensor:
     """image (C, *spatial) sampled at theta (1, 3, 4) into (C, *spatial_size)."""
     volume = image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
-    output = affine_warp(volume[None], theta.to(device=volume.device, dtype=volume.dtype), spatial_size, mode=mode,
-                         padding_mode=padding_mode, align_corners=align_corners)
+    output = affine_warp(
+        volume[None],
+        theta.to(device=volume.device, dtype=volume.dtype),
+        spatial_size,
+        mode=mode,
+        padding_mode=padding_mode,
+        align_corners=align_corners,
+    )
     return output[0]
 
 
@@ -74,15 +81,32 @@ class Affine:
     and ``align_corners``; ``normalized`` must stay False.
     """
 
-    def __init__(self, rotate_params=None, shear_params=None, translate_params=None, scale_params=None, affine=None,
-                 spatial_size=None, mode: str = "bilinear", padding_mode: str = "reflection",
-                 align_corners: bool = False):
+    def __init__(
+        self,
+        rotate_params=None,
+        shear_params=None,
+        translate_params=None,
+        scale_params=None,
+        affine=None,
+        spatial_size=None,
+        mode: str = "bilinear",
+        padding_mode: str = "reflection",
+        align_corners: bool = False,
+    ):
         from monai.transforms import Affine as MonaiAffine
 
-        self.monai = MonaiAffine(rotate_params=rotate_params, shear_params=shear_params,
-                                 translate_params=translate_params, scale_params=scale_params, affine=affine,
-                                 spatial_size=spatial_size, mode=mode, padding_mode=padding_mode,
-                                 align_corners=align_corners, lazy=True)
+        self.monai = MonaiAffine(
+            rotate_params=rotate_params,
+            shear_params=shear_params,
+            translate_params=translate_params,
+            scale_params=scale_params,
+            affine=affine,
+            spatial_size=spatial_size,
+            mode=mode,
+            padding_mode=padding_mode,
+            align_corners=align_corners,
+            lazy=True,
+        )
         self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
 
     def __call__(self, image, spatial_size=None, mode: str | None = None, padding_mode: str | None = None):
@@ -93,8 +117,9 @@ class Affine:
         out_spatial = fall_back_tuple(spatial_size or self.monai.spatial_size, in_spatial)
         _, affine = self.monai.affine_grid(spatial_size=out_spatial, lazy=True)
         theta = theta_from_monai(affine, in_spatial, out_spatial, self.align_corners)
-        return _sample(image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode,
-                       self.align_corners)
+        return _sample(
+            image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode, self.align_corners
+        )
 
 
 class RandAffine:
@@ -107,14 +132,31 @@ class RandAffine:
     False as MONAI's resampler.
     """
 
-    def __init__(self, prob: float = 0.1, rotate_range=None, shear_range=None, translate_range=None,
-                 scale_range=None, spatial_size=None, mode: str = "bilinear", padding_mode: str = "reflection",
-                 align_corners: bool = False):
+    def __init__(
+        self,
+        prob: float = 0.1,
+        rotate_range=None,
+        shear_range=None,
+        translate_range=None,
+        scale_range=None,
+        spatial_size=None,
+        mode: str = "bilinear",
+        padding_mode: str = "reflection",
+        align_corners: bool = False,
+    ):
         from monai.transforms import RandAffine as MonaiRandAffine
 
-        self.monai = MonaiRandAffine(prob=prob, rotate_range=rotate_range, shear_range=shear_range,
-                                     translate_range=translate_range, scale_range=scale_range,
-                                     spatial_size=spatial_size, mode=mode, padding_mode=padding_mode, lazy=True)
+        self.monai = MonaiRandAffine(
+            prob=prob,
+            rotate_range=rotate_range,
+            shear_range=shear_range,
+            translate_range=translate_range,
+            scale_range=scale_range,
+            spatial_size=spatial_size,
+            mode=mode,
+            padding_mode=padding_mode,
+            lazy=True,
+        )
         self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
 
     def set_random_state(self, seed=None, state=None) -> RandAffine:
@@ -122,8 +164,9 @@ class RandAffine:
         self.monai.set_random_state(seed, state)
         return self
 
-    def __call__(self, image, spatial_size=None, mode: str | None = None, padding_mode: str | None = None,
-                 randomize: bool = True):
+    def __call__(
+        self, image, spatial_size=None, mode: str | None = None, padding_mode: str | None = None, randomize: bool = True
+    ):
         """image (C, D, H, W) -> (C, *spatial_size): randomised as MONAI's transform would be, then sampled here."""
         from monai.utils import ensure_tuple, fall_back_tuple
 
@@ -140,5 +183,6 @@ class RandAffine:
         else:
             affine = torch.eye(4, dtype=torch.float64)
         theta = theta_from_monai(affine, in_spatial, out_spatial, self.align_corners)
-        return _sample(image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode,
-                       self.align_corners)
+        return _sample(
+            image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode, self.align_corners
+        )

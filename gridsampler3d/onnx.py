@@ -19,6 +19,7 @@ torch has no public way to tell the traced model that torch.export's strict capt
 working for ``torch.onnx.export``, nor which opset the export writes: those reads of the
 exporters' own state live in :mod:`.torch_hooks`, each with a fallback.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import torch_hooks
-from .modes import Interpolation, Padding
 from .affine import explicit_grid
+from .modes import Interpolation, Padding
 from .sampling import Field, Sampling
 
 __all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "warp"]
@@ -54,26 +55,30 @@ def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) ->
         raise torch.onnx.OnnxExporterError(
             f"gridsampler3d: {what} with mode='bicubic' (tricubic, 5-D) cannot be exported to ONNX: ONNX "
             f"runtimes do not implement GridSample's cubic mode on 5-D input. Export the model with "
-            f"mode='bilinear' or mode='nearest', or keep the tricubic sampling outside the exported graph.")
+            f"mode='bilinear' or mode='nearest', or keep the tricubic sampling outside the exported graph."
+        )
     if torch.compiler.is_dynamo_compiling():
         # Only reached once the dynamo exporter's first, non-strict capture has failed; its error
         # is the one reported. Strict capture cannot read the opset asked for.
         raise torch.onnx.OnnxExporterError(
             f"gridsampler3d: {what} is exported to ONNX from torch.export's non-strict capture only, "
-            f"which torch.onnx.export tries first; see the error that capture raised.")
+            f"which torch.onnx.export tries first; see the error that capture raised."
+        )
     opset = torch_hooks.requested_opset()
     if opset is not None and opset < MIN_OPSET:
         raise torch.onnx.OnnxExporterError(
             f"gridsampler3d: {what} on 5-D input needs ONNX opset {MIN_OPSET} or later (GridSample before "
             f"opset {MIN_OPSET} samples 4-D input only); got opset_version={opset}. Export with "
-            f"opset_version={MIN_OPSET}.")
+            f"opset_version={MIN_OPSET}."
+        )
 
 
 def grid_sample(input: Tensor, grid: Tensor, sampling: Sampling) -> Tensor:
     """input (N, C, Di, Hi, Wi), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo), as one ONNX GridSample."""
     _refuse_what_onnx_cannot_express(sampling.interpolation, "grid_sample")
-    return F.grid_sample(input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
-                         sampling.align_corners)
+    return F.grid_sample(
+        input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), sampling.align_corners
+    )
 
 
 def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
@@ -100,8 +105,9 @@ def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
         else:
             coordinates.append((2 * position + 1) / size - 1)
     grid = torch.stack(coordinates[::-1], dim=-1)  # (N, D, H, W, 3): (x, y, z)
-    return F.grid_sample(volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
-                         about_centres)
+    return F.grid_sample(
+        volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), about_centres
+    )
 
 
 def affine_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
@@ -110,5 +116,6 @@ def affine_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
     voxels, added in normalised units)."""
     _refuse_what_onnx_cannot_express(sampling.interpolation, "affine_warp")
     grid = explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(volume.shape[2:]), field.tensor)
-    return F.grid_sample(volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
-                         sampling.align_corners)
+    return F.grid_sample(
+        volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), sampling.align_corners
+    )

@@ -12,6 +12,7 @@ the patch also wraps ``torch.nn.functional.grid_sample``: a 5-D bicubic call goe
 :func:`gridsampler3d.grid_sample`, every other call to PyTorch's function unchanged. (Code
 that imported ``grid_sample`` by name before patching keeps PyTorch's refusal.)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,9 @@ def _forward(input, grid, interpolation_mode, padding_mode, align_corners):
 
 
 def _backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    dx, dgrid = api.grid_sampler3d_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-                                            output_mask=tuple(output_mask))
+    dx, dgrid = api.grid_sampler3d_backward(
+        grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask=tuple(output_mask)
+    )
     # PyTorch's kernel returns an undefined grad_input when it is not asked for.
     return dx, (torch.zeros_like(grid) if dgrid is None else dgrid)
 

@@ -14,6 +14,7 @@ and require non-finite entries to sit exactly where the rounded golden's are. Ou
 when each metric is at most (2, 1.2, 1.2) times max(competitor's metric, floor), with the
 per-dtype small-value floor (float16 2^-11, bfloat16 2^-8, float32 2^-14, float64 2^-30).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,12 +24,22 @@ import torch
 
 from . import composite, reference
 from .layout import from_ncdhw, to_ncdhw
-from .rounding import HALF_DTYPES, round_once
 from .modes import Interpolation, parse_data_format, parse_interpolation, parse_padding
+from .rounding import HALF_DTYPES, round_once
 from .sampling import Field, Sampling
 
-__all__ = ["FLOORS", "RATIOS", "Metrics", "Report", "error_metrics", "compare", "golden_forward",
-           "golden_backward", "competitor_forward", "competitor_backward"]
+__all__ = [
+    "FLOORS",
+    "RATIOS",
+    "Metrics",
+    "Report",
+    "error_metrics",
+    "compare",
+    "golden_forward",
+    "golden_backward",
+    "competitor_forward",
+    "competitor_backward",
+]
 
 FLOORS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-14, torch.float64: 2.0**-30}
 """Small-value floor per dtype: a relative error is ``|out - golden| / max(|golden|, floor)``."""
@@ -47,8 +58,10 @@ class Metrics:
     nonfinite_mismatches: int
 
     def __str__(self) -> str:
-        return (f"MARE {self.mare:.3g} MERE {self.mere:.3g} RMSE {self.rmse:.3g} max|err| {self.max_abs:.3g}"
-                f"{f' non-finite mismatches {self.nonfinite_mismatches}' if self.nonfinite_mismatches else ''}")
+        return (
+            f"MARE {self.mare:.3g} MERE {self.mere:.3g} RMSE {self.rmse:.3g} max|err| {self.max_abs:.3g}"
+            f"{f' non-finite mismatches {self.nonfinite_mismatches}' if self.nonfinite_mismatches else ''}"
+        )
 
 
 @dataclass(frozen=True)
@@ -63,8 +76,10 @@ class Report:
     @property
     def ratios(self) -> tuple[float, float, float]:
         """ours / max(competitor, floor) per metric (pass: at most RATIOS)."""
-        pairs = zip((self.ours.mare, self.ours.mere, self.ours.rmse),
-                    (self.competitor.mare, self.competitor.mere, self.competitor.rmse))
+        pairs = zip(
+            (self.ours.mare, self.ours.mere, self.ours.rmse),
+            (self.competitor.mare, self.competitor.mere, self.competitor.rmse),
+        )
         return tuple(ours / max(theirs, self.floor) for ours, theirs in pairs)
 
     @property
@@ -84,8 +99,10 @@ class Report:
 
     def __str__(self) -> str:
         ratios = " ".join(f"{r:.3g}" for r in self.ratios)
-        return (f"{self.label}: {'PASS' if self.passed else 'FAIL'} ratios (MARE, MERE, RMSE) {ratios}\n"
-                f"  ours:       {self.ours}\n  competitor: {self.competitor}")
+        return (
+            f"{self.label}: {'PASS' if self.passed else 'FAIL'} ratios (MARE, MERE, RMSE) {ratios}\n"
+            f"  ours:       {self.ours}\n  competitor: {self.competitor}"
+        )
 
 
 def error_metrics(output: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) -> Metrics:
@@ -104,14 +121,18 @@ def error_metrics(output: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype
         return Metrics(0.0, 0.0, 0.0, 0.0, mismatches)
     error = (output[both_finite] - golden[both_finite]).abs()
     relative = error / golden[both_finite].abs().clamp_min(FLOORS[dtype])
-    return Metrics(float(relative.max()), float(relative.mean()), math.sqrt(float((error**2).mean())),
-                   float(error.max()), mismatches)
+    return Metrics(
+        float(relative.max()),
+        float(relative.mean()),
+        math.sqrt(float((error**2).mean())),
+        float(error.max()),
+        mismatches,
+    )
 
 
 def compare(label: str, output, golden: torch.Tensor, competitor, dtype: torch.dtype) -> Report:
     """Apply the rule to one output; ``output`` and ``competitor`` are in ``dtype``."""
-    return Report(label, error_metrics(output, golden, dtype), error_metrics(competitor, golden, dtype),
-                  FLOORS[dtype])
+    return Report(label, error_metrics(output, golden, dtype), error_metrics(competitor, golden, dtype), FLOORS[dtype])
 
 
 def _aten_codes(interpolation_mode, padding_mode):
@@ -135,16 +156,18 @@ def _bicubic_forward(dtype, x, grid, padding_mode, align_corners):
     """PyTorch has no 3-D bicubic: float64 is the reference, other dtypes the torch composite in that dtype."""
     padding = parse_padding(padding_mode)
     if dtype == torch.float64:
-        return torch.from_numpy(reference.grid_sampler3d_fwd(x.numpy(), grid.numpy(), Interpolation.BICUBIC, padding,
-                                                             bool(align_corners)))
+        return torch.from_numpy(
+            reference.grid_sampler3d_fwd(x.numpy(), grid.numpy(), Interpolation.BICUBIC, padding, bool(align_corners))
+        )
     return composite.sample(x, Field.grid(grid), Sampling(Interpolation.BICUBIC, padding, bool(align_corners)))
 
 
 def _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_mask):
     padding = parse_padding(padding_mode)
     if dtype == torch.float64:
-        dx, dgrid = reference.grid_sampler3d_bwd(grad.numpy(), x.numpy(), grid.numpy(), Interpolation.BICUBIC,
-                                                 padding, bool(align_corners), (True, True))
+        dx, dgrid = reference.grid_sampler3d_bwd(
+            grad.numpy(), x.numpy(), grid.numpy(), Interpolation.BICUBIC, padding, bool(align_corners), (True, True)
+        )
         return torch.from_numpy(dx), torch.from_numpy(dgrid)
     x, grid = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
     with torch.enable_grad():
@@ -156,15 +179,15 @@ def _forward_in(dtype, input, grid, interpolation_mode, padding_mode, align_corn
     codes = _aten_codes(interpolation_mode, padding_mode)
     x = _ncdhw(input, data_format).to(dtype)
     if _is_bicubic(interpolation_mode):
-        return _back(_bicubic_forward(dtype, x, torch.as_tensor(grid).detach().cpu().to(dtype), padding_mode,
-                                      align_corners), data_format)
-    y = torch.ops.aten.grid_sampler_3d(x, torch.as_tensor(grid).detach().cpu().to(dtype), *codes,
-                                       bool(align_corners))
+        return _back(
+            _bicubic_forward(dtype, x, torch.as_tensor(grid).detach().cpu().to(dtype), padding_mode, align_corners),
+            data_format,
+        )
+    y = torch.ops.aten.grid_sampler_3d(x, torch.as_tensor(grid).detach().cpu().to(dtype), *codes, bool(align_corners))
     return _back(y, data_format)
 
 
-def _backward_in(dtype, grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask,
-                 data_format):
+def _backward_in(dtype, grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask, data_format):
     codes = _aten_codes(interpolation_mode, padding_mode)
     grad = _ncdhw(grad, data_format).to(dtype)
     x = _ncdhw(input, data_format).to(dtype)
@@ -174,43 +197,70 @@ def _backward_in(dtype, grad, input, grid, interpolation_mode, padding_mode, ali
     elif _is_bicubic(interpolation_mode):
         dx, dgrid = _bicubic_backward(dtype, grad, x, grid, padding_mode, align_corners, output_mask)
     else:
-        dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, *codes, bool(align_corners),
-                                                            list(output_mask))
+        dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(
+            grad, x, grid, *codes, bool(align_corners), list(output_mask)
+        )
     dx = _back(dx, data_format) if output_mask[0] else None
     return dx, (dgrid if output_mask[1] else None)
 
 
-def golden_forward(input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-                   data_format="NCDHW") -> torch.Tensor:
+def golden_forward(
+    input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False, data_format="NCDHW"
+) -> torch.Tensor:
     """PyTorch CPU float64 forward on the upcast inputs (the golden), in ``data_format``."""
-    return _forward_in(torch.float64, input, grid, interpolation_mode, padding_mode, align_corners,
-                       data_format)
+    return _forward_in(torch.float64, input, grid, interpolation_mode, padding_mode, align_corners, data_format)
 
 
-def golden_backward(grad, input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                    align_corners=False, output_mask=(True, True), data_format="NCDHW"):
+def golden_backward(
+    grad,
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+):
     """PyTorch CPU float64 backward on the upcast inputs: ``(dx, dgrid)``, in ``data_format``."""
-    return _backward_in(torch.float64, grad, input, grid, interpolation_mode, padding_mode, align_corners,
-                        output_mask, data_format)
+    return _backward_in(
+        torch.float64, grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask, data_format
+    )
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
-def competitor_forward(input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False,
-                       data_format="NCDHW") -> torch.Tensor:
+def competitor_forward(
+    input, grid, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False, data_format="NCDHW"
+) -> torch.Tensor:
     """PyTorch CPU in the inputs' dtype (half types: float32 on upcast inputs, rounded back)."""
     dtype = torch.as_tensor(input).dtype
-    y = _forward_in(_compute_dtype(dtype), input, grid, interpolation_mode, padding_mode, align_corners,
-                    data_format)
+    y = _forward_in(_compute_dtype(dtype), input, grid, interpolation_mode, padding_mode, align_corners, data_format)
     return y.to(dtype)
 
 
-def competitor_backward(grad, input, grid, interpolation_mode="bilinear", padding_mode="zeros",
-                        align_corners=False, output_mask=(True, True), data_format="NCDHW"):
+def competitor_backward(
+    grad,
+    input,
+    grid,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True),
+    data_format="NCDHW",
+):
     """PyTorch CPU backward in the inputs' dtype (half types: float32, rounded back)."""
     dtype = torch.as_tensor(input).dtype
-    dx, dgrid = _backward_in(_compute_dtype(dtype), grad, input, grid, interpolation_mode, padding_mode,
-                             align_corners, output_mask, data_format)
+    dx, dgrid = _backward_in(
+        _compute_dtype(dtype),
+        grad,
+        input,
+        grid,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        output_mask,
+        data_format,
+    )
     return (None if dx is None else dx.to(dtype)), (None if dgrid is None else dgrid.to(dtype))

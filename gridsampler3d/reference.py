@@ -18,18 +18,31 @@ formed once in float64 (:func:`warp_positions`); padding then applies exactly as
 unnormalised grid coordinate. :func:`grid_sampler3d_fwd` / :func:`grid_sampler3d_bwd` and
 :func:`warp_fwd` / :func:`warp_bwd` name the two kinds' goldens with the modes spelled out.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import numpy as np
 
-from .modes import Interpolation, Padding
 from .affine import theta_gradient, voxel_matrix
+from .modes import Interpolation, Padding
 from .sampling import FieldKind, Gradients, Outputs, Sampling
 
-__all__ = ["positions", "sample", "sample_backward", "grid_sampler3d_fwd", "grid_sampler3d_bwd", "warp_fwd", "warp_bwd",
-           "warp_positions", "source_index", "cubic_coefficients", "cubic_slopes", "pad_tap"]
+__all__ = [
+    "positions",
+    "sample",
+    "sample_backward",
+    "grid_sampler3d_fwd",
+    "grid_sampler3d_bwd",
+    "warp_fwd",
+    "warp_bwd",
+    "warp_positions",
+    "source_index",
+    "cubic_coefficients",
+    "cubic_slopes",
+    "pad_tap",
+]
 
 # The numbers of the rules, here once: the engines' coordinate rules (cpu/coords.py,
 # gpu/coords.py) and the torch composite take them from this module.
@@ -96,8 +109,9 @@ def to_safe_range(index):
     return np.where(bad, OUT_OF_RANGE, index)
 
 
-def source_index(coord, size: int, padding: Padding, align_corners: bool, *, forward: bool = False,
-                 kind: FieldKind = FieldKind.GRID):
+def source_index(
+    coord, size: int, padding: Padding, align_corners: bool, *, forward: bool = False, kind: FieldKind = FieldKind.GRID
+):
     """Voxel index of normalised coordinates along one axis of ``size`` voxels.
 
     Returns ``(index, multiplier)`` where ``multiplier`` is d index / d coord. With
@@ -195,8 +209,14 @@ def cubic_slopes(t):
     """d weight / d t (4, P) of :func:`cubic_coefficients` (PyTorch's gradient coefficients, negated)."""
     a = CUBIC_A
     x0, x1, x2, x3 = -1 - t, -t, 1 - t, 2 - t
-    return -np.stack([(-3 * a * x0 - 10 * a) * x0 - 8 * a, (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
-                      (3 * (a + 2) * x2 - 2 * (a + 3)) * x2, (3 * a * x3 - 10 * a) * x3 + 8 * a])
+    return -np.stack(
+        [
+            (-3 * a * x0 - 10 * a) * x0 - 8 * a,
+            (-3 * (a + 2) * x1 - 2 * (a + 3)) * x1,
+            (3 * (a + 2) * x2 - 2 * (a + 3)) * x2,
+            (3 * a * x3 - 10 * a) * x3 + 8 * a,
+        ]
+    )
 
 
 def pad_tap(coord, size: int, padding: Padding, align_corners: bool):
@@ -225,8 +245,10 @@ def _bicubic_taps(index, sizes, padding, align_corners) -> Taps:
     axis_sizes = (width, height, depth)
     weights = [cubic_coefficients(fraction[:, axis]) for axis in range(3)]  # 3 x (4, P)
     slopes = [cubic_slopes(fraction[:, axis]) for axis in range(3)]
-    corners = [[pad_tap(low[:, axis] - 1 + step, axis_sizes[axis], padding, align_corners) for step in range(4)]
-               for axis in range(3)]
+    corners = [
+        [pad_tap(low[:, axis] - 1 + step, axis_sizes[axis], padding, align_corners) for step in range(4)]
+        for axis in range(3)
+    ]
     offsets, valids, axis_weights, axis_slopes = [], [], [], []
     for k in range(4):
         for j in range(4):
@@ -244,8 +266,12 @@ def _bicubic_taps(index, sizes, padding, align_corners) -> Taps:
 
 def _cubic_sum(values, weights):
     """Sum over the last axis (4) of values * weights, left to right: PyTorch's ``cubic_interp1d``."""
-    return values[..., 0] * weights[..., 0] + values[..., 1] * weights[..., 1] + values[..., 2] * weights[..., 2] \
+    return (
+        values[..., 0] * weights[..., 0]
+        + values[..., 1] * weights[..., 1]
+        + values[..., 2] * weights[..., 2]
         + values[..., 3] * weights[..., 3]
+    )
 
 
 def _bicubic_values(values, taps: Taps):
@@ -274,7 +300,7 @@ def _bicubic_grid_gradient(grad_n, values, taps: Taps):
     sx, sy, sz = _bicubic_axes(taps.axis_slope)
     grad_index = np.zeros((taps.offset.shape[0], 3))
     for channel in range(grad_n.shape[0]):
-        tap_values = _bicubic_values(values[channel:channel + 1], taps)[0]
+        tap_values = _bicubic_values(values[channel : channel + 1], taps)[0]
         rows_w = _cubic_sum(tap_values, wx[:, None, None, :])
         rows_s = _cubic_sum(tap_values, sx[:, None, None, :])
         planes_w = _cubic_sum(rows_w, wy[:, None, :])
@@ -295,13 +321,17 @@ def _sample_points(positions_n, sizes, sampling: Sampling, kind: FieldKind, forw
         # Padding applies to each tap, not to the point: the index is only unnormalised,
         # and the multiplier is the unnormalising slope alone (PyTorch's 2-D bicubic).
         with np.errstate(invalid="ignore", over="ignore"):
-            axes = [unnormalize(coords[:, axis], size, align_corners, kind)
-                    for axis, size in enumerate((width, height, depth))]
+            axes = [
+                unnormalize(coords[:, axis], size, align_corners, kind)
+                for axis, size in enumerate((width, height, depth))
+            ]
         index = np.stack([axis[0] for axis in axes], axis=-1)
         multiplier = np.broadcast_to(np.array([axis[1] for axis in axes], dtype=np.float64), index.shape)
         return _bicubic_taps(index, sizes, padding, align_corners), multiplier
-    axes = [source_index(coords[:, axis], size, padding, align_corners, forward=forward, kind=kind)
-            for axis, size in enumerate((width, height, depth))]
+    axes = [
+        source_index(coords[:, axis], size, padding, align_corners, forward=forward, kind=kind)
+        for axis, size in enumerate((width, height, depth))
+    ]
     index = np.stack([axis[0] for axis in axes], axis=-1)
     multiplier = np.stack([axis[1] for axis in axes], axis=-1)
     if sampling.interpolation == Interpolation.BILINEAR:
@@ -326,9 +356,14 @@ def positions(field, kind: FieldKind, in_sizes, align_corners: bool):
     matrix = voxel_matrix(np.asarray(theta, dtype=np.float64), in_sizes, out_sizes, align_corners)
     zz, yy, xx = np.meshgrid(*[np.arange(size, dtype=np.float64) for size in out_sizes], indexing="ij")
     with np.errstate(invalid="ignore", over="ignore"):
-        axes = [matrix[:, axis, 0, None, None, None] * xx + ((matrix[:, axis, 1, None, None, None] * yy
-                + matrix[:, axis, 2, None, None, None] * zz) + matrix[:, axis, 3, None, None, None])
-                for axis in range(3)]
+        axes = [
+            matrix[:, axis, 0, None, None, None] * xx
+            + (
+                (matrix[:, axis, 1, None, None, None] * yy + matrix[:, axis, 2, None, None, None] * zz)
+                + matrix[:, axis, 3, None, None, None]
+            )
+            for axis in range(3)
+        ]
         if kind == FieldKind.AFFINE_DISPLACEMENT:
             axes = [axes[axis] + np.asarray(rest, dtype=np.float64)[:, 2 - axis] for axis in range(3)]
     return np.stack(axes, axis=-1)
@@ -415,12 +450,14 @@ def grid_sampler3d_fwd(x, grid, interpolation: Interpolation, padding: Padding, 
     return sample(x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners))
 
 
-def grid_sampler3d_bwd(grad, x, grid, interpolation: Interpolation, padding: Padding,
-                       align_corners: bool, output_mask=(True, True)):
+def grid_sampler3d_bwd(
+    grad, x, grid, interpolation: Interpolation, padding: Padding, align_corners: bool, output_mask=(True, True)
+):
     """Gradients of ``sum(grad * grid_sampler3d_fwd(x, grid))``: ``(dx, dgrid)``, (N, C, Di, Hi, Wi) and
     (N, Do, Ho, Wo, 3); an output whose ``output_mask`` entry is False is ``None``."""
-    return sample_backward(grad, x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners),
-                           Outputs(*output_mask))[:2]
+    return sample_backward(
+        grad, x, grid, FieldKind.GRID, Sampling(interpolation, padding, align_corners), Outputs(*output_mask)
+    )[:2]
 
 
 def warp_positions(displacement):
@@ -430,8 +467,12 @@ def warp_positions(displacement):
     """
     displacement = np.asarray(displacement, dtype=np.float64)
     depth, height, width = displacement.shape[2:]
-    zz, yy, xx = np.meshgrid(np.arange(depth, dtype=np.float64), np.arange(height, dtype=np.float64),
-                             np.arange(width, dtype=np.float64), indexing="ij")
+    zz, yy, xx = np.meshgrid(
+        np.arange(depth, dtype=np.float64),
+        np.arange(height, dtype=np.float64),
+        np.arange(width, dtype=np.float64),
+        indexing="ij",
+    )
     with np.errstate(invalid="ignore", over="ignore"):
         return np.stack([xx + displacement[:, 2], yy + displacement[:, 1], zz + displacement[:, 0]], axis=-1)
 
@@ -445,15 +486,22 @@ def warp_fwd(x, displacement, interpolation: Interpolation, padding: Padding, al
     return sample(x, displacement, FieldKind.DISPLACEMENT, Sampling(interpolation, padding, align_corners))
 
 
-def warp_bwd(grad, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool,
-             output_mask=(True, True)):
+def warp_bwd(
+    grad, x, displacement, interpolation: Interpolation, padding: Padding, align_corners: bool, output_mask=(True, True)
+):
     """Gradients of ``sum(grad * warp_fwd(x, displacement))``: (dx (N, C, D, H, W), ddisplacement (N, 3, Do, Ho, Wo)).
 
     d position / d displacement is 1, so ddisplacement is the gradient with respect to
     the voxel position (through padding), its components reordered to (dz, dy, dx).
     """
-    return sample_backward(grad, x, displacement, FieldKind.DISPLACEMENT,
-                           Sampling(interpolation, padding, align_corners), Outputs(*output_mask))[:2]
+    return sample_backward(
+        grad,
+        x,
+        displacement,
+        FieldKind.DISPLACEMENT,
+        Sampling(interpolation, padding, align_corners),
+        Outputs(*output_mask),
+    )[:2]
 
 
 def _contract_grid_gradient(grad_n, values, taps: Taps):
@@ -470,8 +518,13 @@ def _contract_grid_gradient(grad_n, values, taps: Taps):
         for t in range(taps.offset.shape[1]):
             tap_values = values[channel, taps.offset[:, t]]
             for axis, (a, b) in enumerate(other_axes):
-                term = tap_values * slope[:, t, axis] * taps.axis_weight[:, t, a] * taps.axis_weight[:, t, b] \
+                term = (
+                    tap_values
+                    * slope[:, t, axis]
+                    * taps.axis_weight[:, t, a]
+                    * taps.axis_weight[:, t, b]
                     * grad_n[channel]
+                )
                 grad_index[:, axis] += np.where(taps.valid[:, t], term, 0.0)
     return grad_index
 

@@ -6,6 +6,7 @@ appeared in 2.4, but releases before 2.9 fail elsewhere: their schema inference,
 ``torch.export`` reject what the custom ops and the ONNX path do. An older torch would fail
 deep inside ``torch_ops``, so the version is checked before anything else.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,10 @@ def check_torch_version(version: str) -> None:
         return
     if tuple(int(part) for part in match.groups()) < MINIMUM_TORCH:
         minimum = ".".join(map(str, MINIMUM_TORCH))
-        raise ImportError(f"gridsampler3d needs torch>={minimum} (the oldest release its tests pass on); "
-                          f"found torch {version}. Upgrade PyTorch: pip install 'torch>={minimum}'")
+        raise ImportError(
+            f"gridsampler3d needs torch>={minimum} (the oldest release its tests pass on); "
+            f"found torch {version}. Upgrade PyTorch: pip install 'torch>={minimum}'"
+        )
 
 
 check_torch_version(torch.__version__)

@@ -5,6 +5,7 @@ value just above a half-precision tie lands on the tie in float32, then rounds t
 Every engine's half-precision output goes through :func:`round_once` instead, and the
 precision rule rounds the golden with it (docs/semantics.md, "Dtypes").
 """
+
 from __future__ import annotations
 
 import torch

@@ -24,6 +24,7 @@ An affine field samples output voxel (w, h, d) at the input voxel position
 ``M @ (w, h, d, 1)``, where ``M`` (:func:`.affine.voxel_matrix`) is theta in voxel terms
 (docs/semantics.md, "The affine field").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,9 @@ class Sampling:
     @classmethod
     def parse(cls, interpolation_mode="bilinear", padding_mode="zeros", align_corners=False) -> Sampling:
         """The record of the API's attributes: names or aclnn codes (:mod:`.modes`), and a bool."""
-        return cls(parse_interpolation(interpolation_mode), parse_padding(padding_mode),
-                   parse_align_corners(align_corners))
+        return cls(
+            parse_interpolation(interpolation_mode), parse_padding(padding_mode), parse_align_corners(align_corners)
+        )
 
     def __str__(self) -> str:
         corners = ", align_corners" if self.align_corners else ""

@@ -13,6 +13,7 @@ second derivatives run through :func:`.composite.sample`. While ``torch.onnx.exp
 traces a model, ``affine_warp`` calls :func:`.onnx.affine_warp` instead (AffineGrid and
 GridSample).
 """
+
 import typing
 
 import torch
@@ -29,39 +30,69 @@ __all__ = ["affine_warp", "AffineWarp3d"]
 
 
 @torch.library.custom_op("gridsampler3d::affine_warp3d", mutates_args=())
-def affine_warp3d_op(volume: Tensor, theta: Tensor, displacement: typing.Optional[Tensor], size: typing.List[int],
-                     interpolation_mode: int, padding_mode: int, align_corners: bool) -> Tensor:
+def affine_warp3d_op(
+    volume: Tensor,
+    theta: Tensor,
+    displacement: typing.Optional[Tensor],
+    size: typing.List[int],
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+) -> Tensor:
     """volume (N, C, D, H, W) at theta (N, 3, 4) (+ displacement (N, 3, *size)) -> (N, C, *size)."""
-    return api.affine_warp3d(volume, theta, tuple(size), displacement, interpolation_mode, padding_mode,
-                             align_corners)
+    return api.affine_warp3d(volume, theta, tuple(size), displacement, interpolation_mode, padding_mode, align_corners)
 
 
 @affine_warp3d_op.register_fake
 def _affine_warp3d_fake(volume, theta, displacement, size, interpolation_mode, padding_mode, align_corners):
-    return torch.empty((volume.shape[0], volume.shape[1], *size), dtype=volume.dtype, device=volume.device,
-                       memory_format=memory_format_of(volume))
+    return torch.empty(
+        (volume.shape[0], volume.shape[1], *size),
+        dtype=volume.dtype,
+        device=volume.device,
+        memory_format=memory_format_of(volume),
+    )
 
 
 @torch.library.custom_op("gridsampler3d::affine_warp3d_backward", mutates_args=())
-def affine_warp3d_backward_op(grad: Tensor, volume: Tensor, theta: Tensor, displacement: typing.Optional[Tensor],
-                              size: typing.List[int], interpolation_mode: int, padding_mode: int, align_corners: bool,
-                              output_mask: typing.List[bool]) -> typing.Tuple[Tensor, Tensor, Tensor]:
+def affine_warp3d_backward_op(
+    grad: Tensor,
+    volume: Tensor,
+    theta: Tensor,
+    displacement: typing.Optional[Tensor],
+    size: typing.List[int],
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+    output_mask: typing.List[bool],
+) -> typing.Tuple[Tensor, Tensor, Tensor]:
     """(dvolume, dtheta, ddisplacement); one not asked for is an empty tensor."""
-    dx, dtheta, dfield = api.affine_warp3d_backward(grad, volume, theta, tuple(size), displacement,
-                                                    interpolation_mode, padding_mode, align_corners,
-                                                    output_mask=tuple(output_mask))
+    dx, dtheta, dfield = api.affine_warp3d_backward(
+        grad,
+        volume,
+        theta,
+        tuple(size),
+        displacement,
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        output_mask=tuple(output_mask),
+    )
     empty = volume.new_empty(0)
     return (empty if dx is None else dx), (empty if dtheta is None else dtheta), (empty if dfield is None else dfield)
 
 
 @affine_warp3d_backward_op.register_fake
-def _affine_warp3d_backward_fake(grad, volume, theta, displacement, size, interpolation_mode, padding_mode,
-                                 align_corners, output_mask):
+def _affine_warp3d_backward_fake(
+    grad, volume, theta, displacement, size, interpolation_mode, padding_mode, align_corners, output_mask
+):
     empty = volume.new_empty(0)
     dx = torch.empty_like(volume, memory_format=memory_format_of(volume)) if output_mask[0] else empty
     dtheta = torch.empty_like(theta) if output_mask[1] else empty
-    dfield = torch.empty_like(displacement, memory_format=memory_format_of(displacement)) \
-        if output_mask[2] and displacement is not None else empty
+    dfield = (
+        torch.empty_like(displacement, memory_format=memory_format_of(displacement))
+        if output_mask[2] and displacement is not None
+        else empty
+    )
     return dx, dtheta, dfield
 
 
@@ -73,12 +104,23 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_output):
     volume, theta, displacement = ctx.saved_tensors
-    output_mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                   displacement is not None and ctx.needs_input_grad[2]]
-    dx, dtheta, dfield = affine_warp3d_backward_op(grad_output, volume, theta, displacement, list(ctx.size),
-                                                   *ctx.attributes, output_mask)
-    return (dx if output_mask[0] else None), (dtheta if output_mask[1] else None), \
-        (dfield if output_mask[2] else None), None, None, None, None
+    output_mask = [
+        ctx.needs_input_grad[0],
+        ctx.needs_input_grad[1],
+        displacement is not None and ctx.needs_input_grad[2],
+    ]
+    dx, dtheta, dfield = affine_warp3d_backward_op(
+        grad_output, volume, theta, displacement, list(ctx.size), *ctx.attributes, output_mask
+    )
+    return (
+        (dx if output_mask[0] else None),
+        (dtheta if output_mask[1] else None),
+        (dfield if output_mask[2] else None),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def _setup_backward_context(ctx, inputs, output):
@@ -94,8 +136,7 @@ def _double_backward(ctx, grad_dx, grad_dtheta, grad_dfield):
     def differentiable(volume, theta, displacement):
         return composite.sample(volume, Field.affine(theta, size, displacement), sampling)
 
-    grads = second_derivatives(differentiable, ctx.saved_tensors, ctx.output_mask,
-                               (grad_dx, grad_dtheta, grad_dfield))
+    grads = second_derivatives(differentiable, ctx.saved_tensors, ctx.output_mask, (grad_dx, grad_dtheta, grad_dfield))
     return (*grads, None, None, None, None, None)
 
 
@@ -122,16 +163,27 @@ class _EagerAffine(torch.autograd.Function):
         if torch.is_grad_enabled():
             return _backward(ctx, grad_output)
         volume, theta, displacement = ctx.saved_tensors
-        wanted = Outputs(ctx.needs_input_grad[0], displacement is not None and ctx.needs_input_grad[2],
-                         ctx.needs_input_grad[1])
-        dx, dfield, dtheta = api.sample_backward(grad_output, volume, Field.affine(theta, ctx.size, displacement),
-                                                 Sampling.parse(*ctx.attributes), wanted)
+        wanted = Outputs(
+            ctx.needs_input_grad[0], displacement is not None and ctx.needs_input_grad[2], ctx.needs_input_grad[1]
+        )
+        dx, dfield, dtheta = api.sample_backward(
+            grad_output, volume, Field.affine(theta, ctx.size, displacement), Sampling.parse(*ctx.attributes), wanted
+        )
         return dx, dtheta, dfield, None, None, None, None
 
 
-def affine_warp(volume: Tensor, theta: Tensor, size=None, *, displacement: Tensor | None = None, mode: str = "bilinear",
-                padding_mode: str = "zeros", align_corners: bool = False, data_format: str = "NCDHW",
-                displacement_format: str = "N3DHW") -> Tensor:
+def affine_warp(
+    volume: Tensor,
+    theta: Tensor,
+    size=None,
+    *,
+    displacement: Tensor | None = None,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool = False,
+    data_format: str = "NCDHW",
+    displacement_format: str = "N3DHW",
+) -> Tensor:
     """Sample ``volume`` at ``F.affine_grid(theta, ...)``, plus an optional displacement, with no grid; differentiable.
 
     Equal to ``F.grid_sample(volume, F.affine_grid(theta, (N, C, *size), align_corners), mode,
@@ -160,8 +212,9 @@ def affine_warp(volume: Tensor, theta: Tensor, size=None, *, displacement: Tenso
     if torch.is_autocast_enabled(volume.device.type):  # checked as the float32 call that runs
         volume, theta = volume.float(), theta.float()
         displacement = None if displacement is None else displacement.float()
-    volume, theta, size, displacement = check_affine(volume, theta, size, displacement, data_format,
-                                                     displacement_format)
+    volume, theta, size, displacement = check_affine(
+        volume, theta, size, displacement, data_format, displacement_format
+    )
     x = to_ncdhw(volume, data_format)
     field = api.affine_field(theta, size, displacement, displacement_format)
     if onnx.exporting():
@@ -191,19 +244,36 @@ class AffineWarp3d(torch.nn.Module):
     volume's). Other layouts through ``data_format`` and ``displacement_format``.
     """
 
-    def __init__(self, size=None, mode: str = "bilinear", padding_mode: str = "zeros", align_corners: bool = False,
-                 data_format: str = "NCDHW", displacement_format: str = "N3DHW"):
+    def __init__(
+        self,
+        size=None,
+        mode: str = "bilinear",
+        padding_mode: str = "zeros",
+        align_corners: bool = False,
+        data_format: str = "NCDHW",
+        displacement_format: str = "N3DHW",
+    ):
         super().__init__()
         self.size = None if size is None else tuple(size)
         self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
         self.data_format, self.displacement_format = data_format, displacement_format
 
     def forward(self, volume: Tensor, theta: Tensor, displacement: Tensor | None = None) -> Tensor:
-        return affine_warp(volume, theta, self.size, displacement=displacement, mode=self.mode,
-                           padding_mode=self.padding_mode, align_corners=self.align_corners,
-                           data_format=self.data_format, displacement_format=self.displacement_format)
+        return affine_warp(
+            volume,
+            theta,
+            self.size,
+            displacement=displacement,
+            mode=self.mode,
+            padding_mode=self.padding_mode,
+            align_corners=self.align_corners,
+            data_format=self.data_format,
+            displacement_format=self.displacement_format,
+        )
 
     def extra_repr(self) -> str:
-        return (f"size={self.size}, mode={self.mode!r}, padding_mode={self.padding_mode!r}, "
-                f"align_corners={self.align_corners}, data_format={self.data_format!r}, "
-                f"displacement_format={self.displacement_format!r}")
+        return (
+            f"size={self.size}, mode={self.mode!r}, padding_mode={self.padding_mode!r}, "
+            f"align_corners={self.align_corners}, data_format={self.data_format!r}, "
+            f"displacement_format={self.displacement_format!r}"
+        )

@@ -21,6 +21,7 @@ the exporter's entry point's argument. torch has no public function, and no stat
 own, that holds it then: :func:`requested_opset` reads that argument from the entry point's
 frame on the call stack.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,8 +31,16 @@ import warnings
 
 import torch
 
-__all__ = ["HOOKS", "TESTED_TORCH", "dispatch_mode_active", "functorch_wrapped", "missing_hooks",
-           "onnx_export_in_progress", "remove_library", "requested_opset"]
+__all__ = [
+    "HOOKS",
+    "TESTED_TORCH",
+    "dispatch_mode_active",
+    "functorch_wrapped",
+    "missing_hooks",
+    "onnx_export_in_progress",
+    "remove_library",
+    "requested_opset",
+]
 
 #: The oldest and newest torch releases the hooks were tested with.
 TESTED_TORCH = ("2.9.1", "2.13.0")
@@ -56,16 +65,19 @@ _library_destroy = getattr(torch.library.Library, "_destroy", None)
 # The dynamo exporter's flag, and the TorchScript exporter's globals: their home since torch
 # 2.9, or the one before.
 _dynamo_flags = _lookup("torch.onnx._internal.exporter._flags")
-_torchscript_globals = (_lookup("torch.onnx._internal.torchscript_exporter._globals", "GLOBALS")
-                        or _lookup("torch.onnx._globals", "GLOBALS"))
+_torchscript_globals = _lookup("torch.onnx._internal.torchscript_exporter._globals", "GLOBALS") or _lookup(
+    "torch.onnx._globals", "GLOBALS"
+)
 _export_entry = _lookup("torch.onnx._internal.exporter._compat", "export_compat")
 
 #: Each hook and whether this torch has what it reads.
-HOOKS = {"functorch_wrapped": _is_functorch_wrapped is not None,
-         "dispatch_mode_active": _current_dispatch_mode is not None,
-         "remove_library": _library_destroy is not None,
-         "onnx_export_in_progress": _dynamo_flags is not None or _torchscript_globals is not None,
-         "requested_opset": _torchscript_globals is not None or _export_entry is not None}
+HOOKS = {
+    "functorch_wrapped": _is_functorch_wrapped is not None,
+    "dispatch_mode_active": _current_dispatch_mode is not None,
+    "remove_library": _library_destroy is not None,
+    "onnx_export_in_progress": _dynamo_flags is not None or _torchscript_globals is not None,
+    "requested_opset": _torchscript_globals is not None or _export_entry is not None,
+}
 
 
 def missing_hooks() -> list[str]:
@@ -74,9 +86,13 @@ def missing_hooks() -> list[str]:
 
 
 if missing_hooks():
-    warnings.warn(f"gridsampler3d: torch {torch.__version__} lacks what these hooks read: "
-                  f"{', '.join(missing_hooks())}; they fall back to public API (torch_hooks.py says how). "
-                  f"Tested with torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}.", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"gridsampler3d: torch {torch.__version__} lacks what these hooks read: "
+        f"{', '.join(missing_hooks())}; they fall back to public API (torch_hooks.py says how). "
+        f"Tested with torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def functorch_wrapped(tensor: torch.Tensor) -> bool:
@@ -98,9 +114,11 @@ def dispatch_mode_active() -> bool:
 def remove_library(library: torch.library.Library) -> None:
     """Remove every kernel ``library`` registered: PyTorch's own kernels run again."""
     if _library_destroy is None:
-        raise RuntimeError(f"gridsampler3d: torch {torch.__version__} cannot remove a registered kernel (no "
-                           f"Library._destroy); PyTorch's own kernels come back in a new process. Tested with "
-                           f"torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}.")
+        raise RuntimeError(
+            f"gridsampler3d: torch {torch.__version__} cannot remove a registered kernel (no "
+            f"Library._destroy); PyTorch's own kernels come back in a new process. Tested with "
+            f"torch {TESTED_TORCH[0]} to {TESTED_TORCH[1]}."
+        )
     _library_destroy(library)
 
 

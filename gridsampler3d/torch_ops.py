@@ -30,8 +30,9 @@ __all__ = ["grid_sample", "warp", "Warp3d", "integrate_velocity"]
 
 
 @torch.library.custom_op("gridsampler3d::grid_sampler3d", mutates_args=())
-def grid_sampler3d_op(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
-                      align_corners: bool) -> Tensor:
+def grid_sampler3d_op(
+    input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> Tensor:
     """Forward: input (N, C, Di, Hi, Wi), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo)."""
     return api.grid_sampler3d(input, grid, interpolation_mode, padding_mode, align_corners)
 
@@ -43,12 +44,19 @@ def _grid_sampler3d_fake(input, grid, interpolation_mode, padding_mode, align_co
 
 
 @torch.library.custom_op("gridsampler3d::grid_sampler3d_backward", mutates_args=())
-def grid_sampler3d_backward_op(grad: Tensor, input: Tensor, grid: Tensor, interpolation_mode: int,
-                               padding_mode: int, align_corners: bool,
-                               output_mask: list[bool]) -> tuple[Tensor, Tensor]:
+def grid_sampler3d_backward_op(
+    grad: Tensor,
+    input: Tensor,
+    grid: Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+    output_mask: list[bool],
+) -> tuple[Tensor, Tensor]:
     """Backward: (dx like input, dgrid like grid); an output not asked for is an empty tensor."""
-    dx, dgrid = api.grid_sampler3d_backward(grad, input, grid, interpolation_mode, padding_mode, align_corners,
-                                            output_mask=tuple(output_mask))
+    dx, dgrid = api.grid_sampler3d_backward(
+        grad, input, grid, interpolation_mode, padding_mode, align_corners, output_mask=tuple(output_mask)
+    )
     return (input.new_empty(0) if dx is None else dx), (grid.new_empty(0) if dgrid is None else dgrid)
 
 
@@ -67,8 +75,9 @@ def second_derivatives(differentiable, saved, output_mask, grad_firsts) -> tuple
         grad, *tensors = (None if tensor is None else tensor.detach().requires_grad_() for tensor in saved)
         present = [tensor for tensor in tensors if tensor is not None]
         output = differentiable(*tensors)
-        firsts = iter(torch.autograd.grad(output, present, grad, create_graph=True, allow_unused=True,
-                                          materialize_grads=True))
+        firsts = iter(
+            torch.autograd.grad(output, present, grad, create_graph=True, allow_unused=True, materialize_grads=True)
+        )
         total = output.new_zeros(())
         for tensor, wanted, grad_first in zip(tensors, output_mask, grad_firsts):
             first = None if tensor is None else next(firsts)
@@ -105,8 +114,12 @@ def _register_autograd(forward_op, backward_op, kind: FieldKind) -> None:
     def double_backward(ctx, grad_dx, grad_dfield):
         """Gradients of <grad_dx, dx> + <grad_dfield, dfield> through the differentiable composite."""
         sampling = Sampling.parse(*ctx.attributes)
-        grads = second_derivatives(lambda input, field: composite.sample(input, Field(kind, field), sampling),
-                                   ctx.saved_tensors, ctx.output_mask, (grad_dx, grad_dfield))
+        grads = second_derivatives(
+            lambda input, field: composite.sample(input, Field(kind, field), sampling),
+            ctx.saved_tensors,
+            ctx.output_mask,
+            (grad_dx, grad_dfield),
+        )
         return (*grads, None, None, None, None)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
@@ -125,8 +138,12 @@ def eager(*tensors: Tensor) -> bool:
     """
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch_hooks.dispatch_mode_active():
         return False
-    return all(type(tensor) in _PLAIN_TENSORS and tensor.device.type in ("cpu", "cuda")
-               and not torch_hooks.functorch_wrapped(tensor) for tensor in tensors)
+    return all(
+        type(tensor) in _PLAIN_TENSORS
+        and tensor.device.type in ("cpu", "cuda")
+        and not torch_hooks.functorch_wrapped(tensor)
+        for tensor in tensors
+    )
 
 
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
@@ -160,8 +177,9 @@ def _eager_function(forward_name: str, kind: FieldKind, backward_op):
             if torch.is_grad_enabled():
                 dx, dfield = backward_op(grad_output, input, field, *ctx.attributes, list(output_mask))
             else:
-                dx, dfield = api.sample_backward(grad_output, input, Field(kind, field),
-                                                 Sampling.parse(*ctx.attributes), Outputs(*output_mask))
+                dx, dfield = api.sample_backward(
+                    grad_output, input, Field(kind, field), Sampling.parse(*ctx.attributes), Outputs(*output_mask)
+                )
             return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None
 
     return EagerSample
@@ -186,8 +204,14 @@ def _sample(function, op, input: Tensor, field: Tensor, sampling: Sampling) -> T
 _EagerGridSample = _eager_function("grid_sampler3d", FieldKind.GRID, grid_sampler3d_backward_op)
 
 
-def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
-                align_corners: bool = False, data_format: str = "NCDHW") -> Tensor:
+def grid_sample(
+    input: Tensor,
+    grid: Tensor,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool = False,
+    data_format: str = "NCDHW",
+) -> Tensor:
     """``torch.nn.functional.grid_sample`` for 5-D input, on this library's kernels; differentiable.
 
     Args:
@@ -206,8 +230,9 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
     data_format = parse_data_format(data_format)
     sampling = Sampling.parse(mode, padding_mode, align_corners)
     if input.dim() == 4 and data_format == DataFormat.NCDHW:
-        return F.grid_sample(input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(),
-                             sampling.align_corners)
+        return F.grid_sample(
+            input, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), sampling.align_corners
+        )
     if input.dim() == 5:  # anything else reaches the op's own shape check, which names it
         input = to_ncdhw(input, data_format)
     if onnx.exporting():
@@ -216,8 +241,9 @@ def grid_sample(input: Tensor, grid: Tensor, mode: str = "bilinear", padding_mod
 
 
 @torch.library.custom_op("gridsampler3d::warp3d", mutates_args=())
-def warp3d_op(volume: Tensor, displacement: Tensor, interpolation_mode: int, padding_mode: int,
-              align_corners: bool) -> Tensor:
+def warp3d_op(
+    volume: Tensor, displacement: Tensor, interpolation_mode: int, padding_mode: int, align_corners: bool
+) -> Tensor:
     """Fused warp: volume (N, C, D, H, W) at identity + displacement (N, 3, D, H, W) -> (N, C, D, H, W)."""
     return api.warp3d(volume, displacement, interpolation_mode, padding_mode, align_corners)
 
@@ -228,19 +254,30 @@ def _warp3d_fake(volume, displacement, interpolation_mode, padding_mode, align_c
 
 
 @torch.library.custom_op("gridsampler3d::warp3d_backward", mutates_args=())
-def warp3d_backward_op(grad: Tensor, volume: Tensor, displacement: Tensor, interpolation_mode: int,
-                       padding_mode: int, align_corners: bool, output_mask: list[bool]) -> tuple[Tensor, Tensor]:
+def warp3d_backward_op(
+    grad: Tensor,
+    volume: Tensor,
+    displacement: Tensor,
+    interpolation_mode: int,
+    padding_mode: int,
+    align_corners: bool,
+    output_mask: list[bool],
+) -> tuple[Tensor, Tensor]:
     """Fused warp backward: (dvolume like volume, ddisplacement (N, 3, D, H, W)); one not asked for is empty."""
-    dx, dfield = api.warp3d_backward(grad, volume, displacement, interpolation_mode, padding_mode, align_corners,
-                                     output_mask=tuple(output_mask))
+    dx, dfield = api.warp3d_backward(
+        grad, volume, displacement, interpolation_mode, padding_mode, align_corners, output_mask=tuple(output_mask)
+    )
     return (volume.new_empty(0) if dx is None else dx), (displacement.new_empty(0) if dfield is None else dfield)
 
 
 @warp3d_backward_op.register_fake
 def _warp3d_backward_fake(grad, volume, displacement, interpolation_mode, padding_mode, align_corners, output_mask):
     dx = torch.empty_like(volume, memory_format=memory_format_of(volume)) if output_mask[0] else volume.new_empty(0)
-    dfield = torch.empty_like(displacement, memory_format=memory_format_of(displacement)) if output_mask[1] \
+    dfield = (
+        torch.empty_like(displacement, memory_format=memory_format_of(displacement))
+        if output_mask[1]
         else displacement.new_empty(0)
+    )
     return dx, dfield
 
 
@@ -248,8 +285,15 @@ _register_autograd(warp3d_op, warp3d_backward_op, FieldKind.DISPLACEMENT)
 _EagerWarp = _eager_function("warp3d", FieldKind.DISPLACEMENT, warp3d_backward_op)
 
 
-def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_mode: str = "border",
-         align_corners: bool = True, data_format: str = "NCDHW", displacement_format: str = "N3DHW") -> Tensor:
+def warp(
+    volume: Tensor,
+    displacement: Tensor,
+    mode: str = "bilinear",
+    padding_mode: str = "border",
+    align_corners: bool = True,
+    data_format: str = "NCDHW",
+    displacement_format: str = "N3DHW",
+) -> Tensor:
     """Warp ``volume`` by a dense displacement field in voxels, with no grid tensor; differentiable.
 
     Output voxel (d, h, w) is ``volume`` sampled at voxel position (w + dx, h + dy, d + dz):
@@ -278,8 +322,10 @@ def warp(volume: Tensor, displacement: Tensor, mode: str = "bilinear", padding_m
     displacement_format = parse_displacement_format(displacement_format)
     sampling = Sampling.parse(mode, padding_mode, align_corners)
     if not isinstance(volume, Tensor) or not isinstance(displacement, Tensor):
-        raise TypeError(f"warp takes torch tensors (for NumPy arrays use gridsampler3d.warp3d); got "
-                        f"{type(volume).__name__} and {type(displacement).__name__}")
+        raise TypeError(
+            f"warp takes torch tensors (for NumPy arrays use gridsampler3d.warp3d); got "
+            f"{type(volume).__name__} and {type(displacement).__name__}"
+        )
     if torch.is_autocast_enabled(volume.device.type):  # checked as the float32 call that runs
         volume, displacement = volume.float(), displacement.float()
     check_warp(volume, displacement, data_format, displacement_format)
@@ -298,23 +344,44 @@ class Warp3d(torch.nn.Module):
     (N, C, D, H, W). Other layouts through ``data_format`` and ``displacement_format``.
     """
 
-    def __init__(self, mode: str = "bilinear", padding_mode: str = "border", align_corners: bool = True,
-                 data_format: str = "NCDHW", displacement_format: str = "N3DHW"):
+    def __init__(
+        self,
+        mode: str = "bilinear",
+        padding_mode: str = "border",
+        align_corners: bool = True,
+        data_format: str = "NCDHW",
+        displacement_format: str = "N3DHW",
+    ):
         super().__init__()
         self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
         self.data_format, self.displacement_format = data_format, displacement_format
 
     def forward(self, volume: Tensor, displacement: Tensor) -> Tensor:
-        return warp(volume, displacement, self.mode, self.padding_mode, self.align_corners, self.data_format,
-                    self.displacement_format)
+        return warp(
+            volume,
+            displacement,
+            self.mode,
+            self.padding_mode,
+            self.align_corners,
+            self.data_format,
+            self.displacement_format,
+        )
 
     def extra_repr(self) -> str:
-        return (f"mode={self.mode!r}, padding_mode={self.padding_mode!r}, align_corners={self.align_corners}, "
-                f"data_format={self.data_format!r}, displacement_format={self.displacement_format!r}")
+        return (
+            f"mode={self.mode!r}, padding_mode={self.padding_mode!r}, align_corners={self.align_corners}, "
+            f"data_format={self.data_format!r}, displacement_format={self.displacement_format!r}"
+        )
 
 
-def integrate_velocity(velocity: Tensor, steps: int = 7, mode: str = "bilinear", padding_mode: str = "zeros",
-                       align_corners: bool = True, displacement_format: str = "N3DHW") -> Tensor:
+def integrate_velocity(
+    velocity: Tensor,
+    steps: int = 7,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool = True,
+    displacement_format: str = "N3DHW",
+) -> Tensor:
     """Displacement of the flow of a stationary velocity field, by scaling and squaring; differentiable.
 
     ``u = velocity / 2**steps``, then ``steps`` times ``u = u + warp(u, u)``: the
@@ -334,8 +401,9 @@ def integrate_velocity(velocity: Tensor, steps: int = 7, mode: str = "bilinear",
         raise ValueError(f"steps must be an int >= 0; got {steps!r}")
     displacement_format = parse_displacement_format(displacement_format)
     data_format = "NDHWC" if displacement_format == DisplacementFormat.NDHW3 else "NCDHW"
-    displacement = velocity / (2.0 ** steps)
+    displacement = velocity / (2.0**steps)
     for _ in range(steps):
-        displacement = displacement + warp(displacement, displacement, mode, padding_mode, align_corners,
-                                           data_format, displacement_format)
+        displacement = displacement + warp(
+            displacement, displacement, mode, padding_mode, align_corners, data_format, displacement_format
+        )
     return displacement

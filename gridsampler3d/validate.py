@@ -4,6 +4,7 @@ Each check raises one ``TypeError`` or ``ValueError`` whose message names the te
 expected value and the actual one. Inputs may be torch tensors or NumPy arrays; the
 checks see them through :func:`as_tensor`, which never copies a tensor.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,18 @@ import torch
 
 from .modes import DataFormat, DisplacementFormat
 
-__all__ = ["as_tensor", "check_forward", "check_backward", "check_warp", "check_warp_backward", "check_affine",
-           "check_affine_backward", "check_deterministic", "DTYPES", "FLOAT_DTYPES"]
+__all__ = [
+    "as_tensor",
+    "check_forward",
+    "check_backward",
+    "check_warp",
+    "check_warp_backward",
+    "check_affine",
+    "check_affine_backward",
+    "check_deterministic",
+    "DTYPES",
+    "FLOAT_DTYPES",
+]
 
 #: The dtypes the operator takes, by the names the golden kit's files, the commands and the tables use.
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -26,8 +37,9 @@ def as_tensor(value, name: str) -> torch.Tensor:
         return value
     if isinstance(value, np.ndarray):
         if value.dtype.type not in _NUMPY_FLOATS:
-            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64 for NumPy "
-                            f"arrays); got {value.dtype}")
+            raise TypeError(
+                f"{name} must have a floating dtype (float16, float32 or float64 for NumPy arrays); got {value.dtype}"
+            )
         try:
             return torch.from_numpy(value)
         except ValueError:
@@ -54,8 +66,7 @@ def _check_same(tensors: dict[str, torch.Tensor]) -> None:
         if other.dtype != first.dtype:
             raise TypeError(f"{name} must have the same dtype as {names[0]} ({first.dtype}); got {other.dtype}")
         if other.device != first.device:
-            raise ValueError(f"{name} must be on the same device as {names[0]} ({first.device}); "
-                             f"got {other.device}")
+            raise ValueError(f"{name} must be on the same device as {names[0]} ({first.device}); got {other.device}")
 
 
 def _split_layout(shape, data_format: DataFormat):
@@ -104,13 +115,15 @@ def check_backward(grad, input, grid, data_format: DataFormat):
     if grad_channels != channels:
         raise ValueError(f"grad's channel count C must equal input's ({channels}); got {grad_channels}")
     if grad_spatial != tuple(grid.shape[1:4]):
-        raise ValueError(f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; "
-                         f"got {grad_spatial}")
+        raise ValueError(
+            f"grad's spatial sizes (Do, Ho, Wo) must equal grid's {tuple(grid.shape[1:4])}; got {grad_spatial}"
+        )
     return grad, input, grid
 
 
-def _check_volume_and_displacement(volume: torch.Tensor, displacement: torch.Tensor, data_format: DataFormat,
-                                   displacement_format: DisplacementFormat) -> None:
+def _check_volume_and_displacement(
+    volume: torch.Tensor, displacement: torch.Tensor, data_format: DataFormat, displacement_format: DisplacementFormat
+) -> None:
     layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
     _check_5d(volume, "volume", layout)
     shape = tuple(displacement.shape)
@@ -122,14 +135,18 @@ def _check_volume_and_displacement(volume: torch.Tensor, displacement: torch.Ten
         components, batch, spatial = shape[4], shape[0], shape[1:4]
     if components != 3:
         where = "dimension 1" if displacement_format == DisplacementFormat.N3DHW else "last dimension"
-        raise ValueError(f"displacement's {where} must be 3 (dz, dy, dx) for displacement_format "
-                         f"{displacement_format.value!r}; got shape {shape}")
+        raise ValueError(
+            f"displacement's {where} must be 3 (dz, dy, dx) for displacement_format "
+            f"{displacement_format.value!r}; got shape {shape}"
+        )
     volume_batch, _, volume_spatial = _split_layout(volume.shape, data_format)
     if batch != volume_batch:
         raise ValueError(f"displacement's batch size N must equal volume's ({volume_batch}); got {batch}")
     if tuple(spatial) != tuple(volume_spatial):
-        raise ValueError(f"displacement's spatial sizes (D, H, W) must equal volume's {tuple(volume_spatial)} "
-                         f"(it displaces each voxel of the output); got {tuple(spatial)}")
+        raise ValueError(
+            f"displacement's spatial sizes (D, H, W) must equal volume's {tuple(volume_spatial)} "
+            f"(it displaces each voxel of the output); got {tuple(spatial)}"
+        )
     if 0 in volume_spatial:
         raise ValueError(f"volume's spatial sizes (D, H, W) must be non-zero; got {tuple(volume_spatial)}")
 
@@ -144,8 +161,7 @@ def check_warp(volume, displacement, data_format: DataFormat, displacement_forma
     return volume, displacement
 
 
-def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
-                        displacement_format: DisplacementFormat):
+def check_warp_backward(grad, volume, displacement, data_format: DataFormat, displacement_format: DisplacementFormat):
     """Validate the fused warp's backward operands; returns them as tensors ``(grad, volume, displacement)``."""
     grad = as_tensor(grad, "grad")
     volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
@@ -154,8 +170,10 @@ def check_warp_backward(grad, volume, displacement, data_format: DataFormat,
     layout = "(N, C, D, H, W)" if data_format == DataFormat.NCDHW else "(N, D, H, W, C)"
     _check_5d(grad, "grad", layout)
     if tuple(grad.shape) != tuple(volume.shape):
-        raise ValueError(f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
-                         f"volume's shape); got {tuple(grad.shape)}")
+        raise ValueError(
+            f"grad's shape must equal volume's {tuple(volume.shape)} (the warped output has the "
+            f"volume's shape); got {tuple(grad.shape)}"
+        )
     return grad, volume, displacement
 
 
@@ -167,16 +185,16 @@ def check_size(size, default) -> tuple[int, int, int]:
         values = tuple(size)
     except TypeError:
         raise TypeError(f"size must be (Do, Ho, Wo), three ints; got {type(size).__name__} {size!r}") from None
-    if len(values) != 3 or not all(isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-                                   for value in values):
+    if len(values) != 3 or not all(
+        isinstance(value, (int, np.integer)) and not isinstance(value, bool) for value in values
+    ):
         raise TypeError(f"size must be (Do, Ho, Wo), three ints; got {size!r}")
     if min(values) < 1:
         raise ValueError(f"size (Do, Ho, Wo) must be positive; got {tuple(int(value) for value in values)}")
     return tuple(int(value) for value in values)
 
 
-def check_affine(volume, theta, size, displacement, data_format: DataFormat,
-                 displacement_format: DisplacementFormat):
+def check_affine(volume, theta, size, displacement, data_format: DataFormat, displacement_format: DisplacementFormat):
     """Validate an affine sampling's operands; returns ``(volume, theta, size, displacement)`` (tensors, the output
     size (Do, Ho, Wo) (by default the volume's), and the displacement or None)."""
     volume, theta = as_tensor(volume, "volume"), as_tensor(theta, "theta")
@@ -189,8 +207,10 @@ def check_affine(volume, theta, size, displacement, data_format: DataFormat,
     if 0 in spatial:
         raise ValueError(f"volume's spatial sizes (D, H, W) must be non-zero; got {tuple(spatial)}")
     if tuple(theta.shape) != (batch, 3, 4):
-        raise ValueError(f"theta must be (N, 3, 4) with volume's N ({batch}), as F.affine_grid takes it; "
-                         f"got shape {tuple(theta.shape)}")
+        raise ValueError(
+            f"theta must be (N, 3, 4) with volume's N ({batch}), as F.affine_grid takes it; "
+            f"got shape {tuple(theta.shape)}"
+        )
     size = check_size(size, spatial)
     if displacement is None:
         return volume, theta, size, None
@@ -199,16 +219,20 @@ def check_affine(volume, theta, size, displacement, data_format: DataFormat,
     _check_same({"volume": volume, "displacement": displacement})
     expected = (batch, 3, *size) if displacement_format == DisplacementFormat.N3DHW else (batch, *size, 3)
     if tuple(displacement.shape) != expected:
-        raise ValueError(f"displacement must be {expected} for displacement_format {displacement_format.value!r} "
-                         f"(N of the volume, the output size {size}); got shape {tuple(displacement.shape)}")
+        raise ValueError(
+            f"displacement must be {expected} for displacement_format {displacement_format.value!r} "
+            f"(N of the volume, the output size {size}); got shape {tuple(displacement.shape)}"
+        )
     return volume, theta, size, displacement
 
 
-def check_affine_backward(grad, volume, theta, size, displacement, data_format: DataFormat,
-                          displacement_format: DisplacementFormat):
+def check_affine_backward(
+    grad, volume, theta, size, displacement, data_format: DataFormat, displacement_format: DisplacementFormat
+):
     """Validate an affine sampling's backward operands; returns ``(grad, volume, theta, size, displacement)``."""
-    volume, theta, size, displacement = check_affine(volume, theta, size, displacement, data_format,
-                                                     displacement_format)
+    volume, theta, size, displacement = check_affine(
+        volume, theta, size, displacement, data_format, displacement_format
+    )
     grad = as_tensor(grad, "grad")
     _check_dtype(grad, "grad")
     _check_same({"volume": volume, "grad": grad})

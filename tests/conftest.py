@@ -17,9 +17,11 @@ from gridsampler3d.cpu import tuning  # noqa: E402
 # thread (test_cpu checks that route and this threshold).
 DEFAULT_PARALLEL_VALUES = tuning.PARALLEL_VALUES
 
-CPU_BACKENDS = [name for name in gs.available_backends()
-                if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(
-                    torch.device("cpu")))]
+CPU_BACKENDS = [
+    name
+    for name in gs.available_backends()
+    if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(torch.device("cpu")))
+]
 
 
 @pytest.fixture

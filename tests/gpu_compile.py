@@ -28,6 +28,7 @@ conversions it uses, and with ``--registers`` the registers and spill bytes that
 
 Exit status: the number of kernels that failed to compile or mixed records in a helper.
 """
+
 import argparse
 import json
 import os
@@ -51,8 +52,14 @@ from triton.compiler import ASTSource, code_generator, make_backend  # noqa: E40
 from triton.runtime.jit import MockTensor, create_function_from_signature  # noqa: E402
 
 from gridsampler3d.gpu import backward, bicubic, forward  # noqa: E402
-from gridsampler3d.gpu.launch import (field_operand, fusion, kernel_rule, points_of, sizes_of,  # noqa: E402
-                                      volume_operand)
+from gridsampler3d.gpu.launch import (
+    field_operand,
+    fusion,
+    kernel_rule,
+    points_of,
+    sizes_of,  # noqa: E402
+    volume_operand,
+)
 from gridsampler3d.gpu.planner import Tile  # noqa: E402
 from gridsampler3d.gpu.records import SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
 from gridsampler3d.layout import memory_format_of  # noqa: E402
@@ -64,8 +71,14 @@ triton.knobs.compilation.always_compile = True
 TARGET = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(TARGET)
 F32, F64 = tl.float32, tl.float64
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64,
-          "i32": torch.int32, "i64": torch.int64}
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp64": torch.float64,
+    "i32": torch.int32,
+    "i64": torch.int64,
+}
 BILINEAR, NEAREST, BICUBIC = Interpolation.BILINEAR, Interpolation.NEAREST, Interpolation.BICUBIC
 ZEROS, BORDER, REFLECTION = Padding.ZEROS, Padding.BORDER, Padding.REFLECTION
 # The deterministic tricubic dx works through the points a chunk at a time (planner.TRICUBIC_CHUNK_ENTRIES / 64):
@@ -77,13 +90,15 @@ LONG_BUCKET_CHUNKS = 4096
 
 class Call(NamedTuple):
     """The tensors of one call as meta tensors (shapes and strides, no data): x (N, C, D, H, W) and its field."""
+
     x: torch.Tensor
     field: Field
 
     def y(self) -> torch.Tensor:
         """The output (and so grad): (N, C, Do, Ho, Wo), laid out as x (the engine's forward allocates it so)."""
-        return torch.empty(tuple(self.x.shape[:2]) + self.field.out_sizes, device="meta",
-                           memory_format=memory_format_of(self.x))
+        return torch.empty(
+            tuple(self.x.shape[:2]) + self.field.out_sizes, device="meta", memory_format=memory_format_of(self.x)
+        )
 
     def field_gradient(self) -> torch.Tensor:
         """The field's gradient as the engine's backward allocates it (:meth:`.sampling.Field.gradient_format`)."""
@@ -154,8 +169,11 @@ def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs
     """The trilinear / nearest backward walk; the fast mode's dx adds into a buffer of the sums' dtype."""
     call = make_call(layout)
     args = (*walk_args(call, dtype, outputs, dx_dtype), sizes_of(call.x, call.field))
-    constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F64 if dtype == "fp64" else F32,
-                      OUTPUTS=constexpr_members(outputs))
+    constexprs = dict(
+        RULE=kernel_rule(sampling, call.field.kind),
+        ACC=F64 if dtype == "fp64" else F32,
+        OUTPUTS=constexpr_members(outputs),
+    )
     return case(label, backward.grid_sampler3d_bwd_kernel, args, constexprs, tile, dtype)
 
 
@@ -167,24 +185,43 @@ def bucket_keys(label, layout, dtype, sampling: Sampling):
     """gathered._sorted_records's first kernel."""
     call = make_call(layout)
     args = (points(call.field, dtype), pointer("i32"), points_of(call.x, call.field), sizes_of(call.x, call.field))
-    return case(label, backward.bucket_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
-                Tile(block_w=256))
+    return case(
+        label, backward.bucket_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)), Tile(block_w=256)
+    )
 
 
 def sorted_records(label, layout, dtype, sampling: Sampling):
     """gathered._sorted_records's second kernel."""
     call = make_call(layout)
-    args = (points(call.field, dtype), pointer("i64"), sorted_points(call), sizes_of(call.x, call.field),
-            VolumeStrides(*call.y().stride()))
-    return case(label, backward.sorted_records_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
-                Tile(block_w=256))
+    args = (
+        points(call.field, dtype),
+        pointer("i64"),
+        sorted_points(call),
+        sizes_of(call.x, call.field),
+        VolumeStrides(*call.y().stride()),
+    )
+    return case(
+        label,
+        backward.sorted_records_kernel,
+        args,
+        dict(RULE=kernel_rule(sampling, call.field.kind)),
+        Tile(block_w=256),
+    )
 
 
 def dx_gather(label, layout, dtype, interpolation, acc, split, tile: Tile, starts="i32", partials="fp64"):
     """gathered.gathered_dx's gather: dx in the data's dtype (half types rounded once from float64 sums)."""
     call = make_call(layout)
-    args = (volume(call.y(), dtype), sorted_points(call), volume(call.x, dtype), pointer(starts), pointer(starts),
-            pointer(partials), call.voxels(), sizes_of(call.x, call.field))
+    args = (
+        volume(call.y(), dtype),
+        sorted_points(call),
+        volume(call.x, dtype),
+        pointer(starts),
+        pointer(starts),
+        pointer(partials),
+        call.voxels(),
+        sizes_of(call.x, call.field),
+    )
     constexprs = dict(INTERPOLATION=int(interpolation), ACC=acc, SPLIT=split)
     return case(label, backward.dx_gather_kernel, args, constexprs, tile, dtype)
 
@@ -192,18 +229,31 @@ def dx_gather(label, layout, dtype, interpolation, acc, split, tile: Tile, start
 def bucket_partials(label, layout, dtype, interpolation, acc, block_c, partials):
     """gathered.gathered_dx's partial sums of long buckets."""
     call = make_call(layout)
-    args = (volume(call.y(), dtype), sorted_points(call), pointer(partials), pointer("i64"), pointer("i32"),
-            LONG_BUCKET_CHUNKS, call.x.shape[1])
+    args = (
+        volume(call.y(), dtype),
+        sorted_points(call),
+        pointer(partials),
+        pointer("i64"),
+        pointer("i32"),
+        LONG_BUCKET_CHUNKS,
+        call.x.shape[1],
+    )
     constexprs = dict(INTERPOLATION=int(interpolation), ACC=acc, CHUNK=256)
     return case(label, backward.bucket_partials_kernel, args, constexprs, Tile(block_w=64, block_c=block_c), dtype)
 
 
 def tricubic_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
     call = make_call(layout)
-    args = (volume(call.x, dtype), points(call.field, dtype), volume(call.y(), dtype), points_of(call.x, call.field),
-            sizes_of(call.x, call.field))
-    return case(label, bicubic.bicubic_fwd_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F32),
-                tile, dtype)
+    args = (
+        volume(call.x, dtype),
+        points(call.field, dtype),
+        volume(call.y(), dtype),
+        points_of(call.x, call.field),
+        sizes_of(call.x, call.field),
+    )
+    return case(
+        label, bicubic.bicubic_fwd_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F32), tile, dtype
+    )
 
 
 def tricubic_backward(label, layout, dtype, sampling: Sampling, tile: Tile, acc):
@@ -218,15 +268,28 @@ def tricubic_backward(label, layout, dtype, sampling: Sampling, tile: Tile, acc)
 def tricubic_keys(label, layout, dtype, sampling: Sampling):
     call = make_call(layout)
     args = (points(call.field, dtype), pointer("i32"), *SECOND_CHUNK, call.voxels(), sizes_of(call.x, call.field))
-    return case(label, bicubic.bicubic_tap_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)),
-                Tile(block_w=64))
+    return case(
+        label,
+        bicubic.bicubic_tap_keys_kernel,
+        args,
+        dict(RULE=kernel_rule(sampling, call.field.kind)),
+        Tile(block_w=64),
+    )
 
 
 def tricubic_gather(label, layout, dtype, sampling: Sampling, tile: Tile):
     """A later chunk's gather (FIRST_CHUNK false: it adds onto what dx holds)."""
     call = make_call(layout)
-    args = (volume(call.y(), dtype), points(call.field, dtype), volume(call.x, dtype), pointer("i64"),
-            pointer("i32"), SECOND_CHUNK[0], call.voxels(), sizes_of(call.x, call.field))
+    args = (
+        volume(call.y(), dtype),
+        points(call.field, dtype),
+        volume(call.x, dtype),
+        pointer("i64"),
+        pointer("i32"),
+        SECOND_CHUNK[0],
+        call.voxels(),
+        sizes_of(call.x, call.field),
+    )
     constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=F32, FIRST_CHUNK=False)
     return case(label, bicubic.bicubic_dx_gather_kernel, args, constexprs, tile, dtype)
 
@@ -238,37 +301,87 @@ def _row_kernels():
     for mode, interpolation in (("bilinear", BILINEAR), ("nearest", NEAREST)):
         for dtype in ("fp32", "bf16", "fp16"):
             for layout, (fwd_w, bwd_w, block_c) in (("NCDHW", (128, 128, 1)), ("NDHWC", (32, 16, 16))):
-                cases.append(patch_forward(f"forward {mode} {dtype} {layout}", layout, dtype,
-                                           Sampling(interpolation, BORDER, False), Tile(fwd_w, block_c)))
+                cases.append(
+                    patch_forward(
+                        f"forward {mode} {dtype} {layout}",
+                        layout,
+                        dtype,
+                        Sampling(interpolation, BORDER, False),
+                        Tile(fwd_w, block_c),
+                    )
+                )
                 # The fast mode's atomics add into a float32 buffer; nearest's dgrid is zero without a pass.
-                cases.append(patch_backward(f"backward {mode} {dtype} {layout}", layout, dtype,
-                                            Sampling(interpolation, ZEROS, False), Tile(bwd_w, block_c),
-                                            Outputs(True, interpolation == BILINEAR)))
+                cases.append(
+                    patch_backward(
+                        f"backward {mode} {dtype} {layout}",
+                        layout,
+                        dtype,
+                        Sampling(interpolation, ZEROS, False),
+                        Tile(bwd_w, block_c),
+                        Outputs(True, interpolation == BILINEAR),
+                    )
+                )
     return cases
 
 
 def _warp_kernels():
     """The fused warp's configurations: each kernel once on a displacement, float32, in both its layouts."""
     return [
-        patch_forward("warp forward bilinear fp32 N3DHW, reflection", "NCDHW warp N3DHW", "fp32",
-                      Sampling(BILINEAR, REFLECTION, True), Tile(128)),
-        patch_backward("warp backward bilinear fp32 NDHW3", "NDHWC warp NDHW3", "fp32",
-                       Sampling(BILINEAR, BORDER, True), Tile(16, 16), Outputs(True, True)),
+        patch_forward(
+            "warp forward bilinear fp32 N3DHW, reflection",
+            "NCDHW warp N3DHW",
+            "fp32",
+            Sampling(BILINEAR, REFLECTION, True),
+            Tile(128),
+        ),
+        patch_backward(
+            "warp backward bilinear fp32 NDHW3",
+            "NDHWC warp NDHW3",
+            "fp32",
+            Sampling(BILINEAR, BORDER, True),
+            Tile(16, 16),
+            Outputs(True, True),
+        ),
         bucket_keys("warp bucket keys N3DHW", "NCDHW warp N3DHW", "fp32", Sampling(BILINEAR, BORDER, True)),
         sorted_records("warp sorted records N3DHW", "NCDHW warp N3DHW", "fp32", Sampling(BILINEAR, BORDER, True)),
-        dx_gather("warp dx gather bilinear fp32 N3DHW", "NCDHW warp N3DHW", "fp32", BILINEAR, F32, True, Tile(128),
-                  partials="fp32"),
-        tricubic_backward("warp bicubic backward fp32 N3DHW", "NCDHW warp N3DHW", "fp32",
-                          Sampling(BICUBIC, BORDER, True), Tile(128), F32),
+        dx_gather(
+            "warp dx gather bilinear fp32 N3DHW",
+            "NCDHW warp N3DHW",
+            "fp32",
+            BILINEAR,
+            F32,
+            True,
+            Tile(128),
+            partials="fp32",
+        ),
+        tricubic_backward(
+            "warp bicubic backward fp32 N3DHW",
+            "NCDHW warp N3DHW",
+            "fp32",
+            Sampling(BICUBIC, BORDER, True),
+            Tile(128),
+            F32,
+        ),
     ]
 
 
 CASES = [
     *_row_kernels(),
-    patch_forward("forward bilinear fp32, reflection, sizes of 1", None, "fp32", Sampling(BILINEAR, REFLECTION, True),
-                  Tile(16, 1, 4, 2)),
-    patch_backward("backward bilinear fp64 dgrid, reflection", "NCDHW", "fp64", Sampling(BILINEAR, REFLECTION, True),
-                   Tile(128), Outputs(False, True)),
+    patch_forward(
+        "forward bilinear fp32, reflection, sizes of 1",
+        None,
+        "fp32",
+        Sampling(BILINEAR, REFLECTION, True),
+        Tile(16, 1, 4, 2),
+    ),
+    patch_backward(
+        "backward bilinear fp64 dgrid, reflection",
+        "NCDHW",
+        "fp64",
+        Sampling(BILINEAR, REFLECTION, True),
+        Tile(128),
+        Outputs(False, True),
+    ),
     bucket_keys("bucket keys, reflection", "NCDHW", "fp32", Sampling(BILINEAR, REFLECTION, False)),
     sorted_records("sorted records, reflection", "NCDHW", "fp32", Sampling(BILINEAR, REFLECTION, False)),
     sorted_records("sorted records nearest NDHWC", "NDHWC", "bf16", Sampling(NEAREST, ZEROS, False)),
@@ -278,12 +391,14 @@ CASES = [
     bucket_partials("bucket partials bilinear fp32 NCDHW", "NCDHW", "fp32", BILINEAR, F32, 1, "fp32"),
     bucket_partials("bucket partials nearest bf16 NDHWC", "NDHWC", "bf16", NEAREST, F64, 16, "fp64"),
     dx_gather("dx gather nearest fp64, sizes of 1", None, "fp64", NEAREST, F64, True, Tile(64, 16), starts="i64"),
-    tricubic_forward("bicubic forward bf16 NCDHW, reflection", "NCDHW", "bf16", Sampling(BICUBIC, REFLECTION, False),
-                     Tile(128)),
+    tricubic_forward(
+        "bicubic forward bf16 NCDHW, reflection", "NCDHW", "bf16", Sampling(BICUBIC, REFLECTION, False), Tile(128)
+    ),
     tricubic_forward("bicubic forward fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, BORDER, False), Tile(16, 16)),
     tricubic_backward("bicubic backward fp32 NCDHW", "NCDHW", "fp32", Sampling(BICUBIC, BORDER, True), Tile(128), F32),
-    tricubic_backward("bicubic backward fp64, sizes of 1", None, "fp64", Sampling(BICUBIC, BORDER, True), Tile(64),
-                      F64),
+    tricubic_backward(
+        "bicubic backward fp64, sizes of 1", None, "fp64", Sampling(BICUBIC, BORDER, True), Tile(64), F64
+    ),
     tricubic_keys("bicubic tap keys, reflection", "NCDHW", "fp32", Sampling(BICUBIC, REFLECTION, False)),
     tricubic_gather("bicubic dx gather fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, ZEROS, False), Tile(64, 16)),
     *_warp_kernels(),
@@ -346,14 +461,23 @@ def leaves(value, name: str):
 def pointers(signature: dict) -> dict:
     """The dtype of each pointer: an operand by its name (``x``, ``keys``), a record's other pointers by their path
     (``sorted_points.indices``)."""
-    return {name.removesuffix(".data"): kind[1:] for key, entry in signature.items()
-            for name, kind in leaves(entry, key) if kind.startswith("*")}
+    return {
+        name.removesuffix(".data"): kind[1:]
+        for key, entry in signature.items()
+        for name, kind in leaves(entry, key)
+        if kind.startswith("*")
+    }
 
 
 def ones(signature: dict) -> list[str]:
     """The integer arguments the launch specialised as the constant 1 (``x.strides.w``)."""
-    return [name for key, entry in signature.items() if entry != "constexpr"
-            for name, kind in leaves(entry, key) if kind == "constexpr"]
+    return [
+        name
+        for key, entry in signature.items()
+        if entry != "constexpr"
+        for name, kind in leaves(entry, key)
+        if kind == "constexpr"
+    ]
 
 
 def describe(kernel, kwargs: dict) -> str:
@@ -363,8 +487,10 @@ def describe(kernel, kwargs: dict) -> str:
         if param.is_constexpr and param.name in kwargs:
             value = kwargs[param.name]
             fields = value._asdict().items() if hasattr(value, "_asdict") else [(None, value)]
-            words += [f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', getattr(member, 'value', member))}"
-                      for field, member in fields]
+            words += [
+                f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', getattr(member, 'value', member))}"
+                for field, member in fields
+            ]
     return " ".join(words)
 
 
@@ -379,16 +505,24 @@ def int32_multiplies(ttir: str) -> list[str]:
 
 def float_remainders(ttir: str) -> dict:
     """How the TTIR takes float remainders: ``remf`` (Triton's ``%``: truncated quotient) and libdevice fmod calls."""
-    return {"remf": sum("arith.remf" in line for line in ttir.splitlines()),
-            "fmod": sum('"__nv_fmod' in line for line in ttir.splitlines())}
+    return {
+        "remf": sum("arith.remf" in line for line in ttir.splitlines()),
+        "fmod": sum('"__nv_fmod' in line for line in ttir.splitlines()),
+    }
 
 
 def ptxas_command(fused: bool) -> list[str]:
     """The ptxas Triton itself runs for sm_90 (its bundled CUDA 13 one), with Triton's options and -v."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    return [get_ptxas(TARGET.arch).path, "-lineinfo", *([] if fused else ["--fmad=false"]), "-v",
-            "--regAllocOptLevel=2", "--gpu-name=sm_90a"]
+    return [
+        get_ptxas(TARGET.arch).path,
+        "-lineinfo",
+        *([] if fused else ["--fmad=false"]),
+        "-v",
+        "--regAllocOptLevel=2",
+        "--gpu-name=sm_90a",
+    ]
 
 
 def registers(ptx: str, fused: bool) -> dict:
@@ -396,8 +530,12 @@ def registers(ptx: str, fused: bool) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         source = Path(folder) / "kernel.ptx"
         source.write_text(ptx)
-        result = subprocess.run([*ptxas_command(fused), str(source), "-o", str(Path(folder) / "kernel.cubin")],
-                                capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [*ptxas_command(fused), str(source), "-o", str(Path(folder) / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     text = result.stderr + result.stdout
     used = re.search(r"Used (\d+) registers", text)
     stores = re.search(r"(\d+) bytes spill stores", text)
@@ -422,18 +560,29 @@ def main(argv=None) -> int:
             print(f"FAILED {name} ({entry['label']}) {constants}: {error}", flush=True)
             continue
         ttir = compiled.asm["ttir"]
-        record = {"label": entry["label"], "kernel": name, "pointers": pointers(signature), "constants": constants,
-                  "ones": ones(signature), "num_warps": compiled.metadata.num_warps,
-                  "enable_fp_fusion": compiled.metadata.enable_fp_fusion, "mixed_records": helpers.collisions,
-                  "int32_multiplies": int32_multiplies(ttir), "float_remainders": float_remainders(ttir),
-                  "conversions": sorted(set(re.findall(r"\bcvt(?:\.[a-z0-9]+)+", compiled.asm["ptx"])))}
+        record = {
+            "label": entry["label"],
+            "kernel": name,
+            "pointers": pointers(signature),
+            "constants": constants,
+            "ones": ones(signature),
+            "num_warps": compiled.metadata.num_warps,
+            "enable_fp_fusion": compiled.metadata.enable_fp_fusion,
+            "mixed_records": helpers.collisions,
+            "int32_multiplies": int32_multiplies(ttir),
+            "float_remainders": float_remainders(ttir),
+            "conversions": sorted(set(re.findall(r"\bcvt(?:\.[a-z0-9]+)+", compiled.asm["ptx"]))),
+        }
         if args.registers:
             record.update(registers(compiled.asm["ptx"], compiled.metadata.enable_fp_fusion))
         records.append(record)
         if helpers.collisions:  # compiled, but wrong: it reads some record through another's field names
             failures += 1
-            print(f"FAILED {name} ({entry['label']}): records of different fields given to "
-                  f"{', '.join(helpers.collisions)}", flush=True)
+            print(
+                f"FAILED {name} ({entry['label']}): records of different fields given to "
+                f"{', '.join(helpers.collisions)}",
+                flush=True,
+            )
         else:
             print(f"compiled {name} ({entry['label']}) {constants}", flush=True)
     if args.json:
@@ -441,10 +590,13 @@ def main(argv=None) -> int:
     if args.registers:
         print("\n| kernel | launch | registers | spill stores / loads (bytes) |\n| --- | --- | ---: | ---: |")
         for record in records:
-            tile = " ".join(part.removeprefix("TILE.") for part in record["constants"].split()
-                            if part.startswith("TILE."))
-            print(f"| {record['label']} | {tile} num_warps={record['num_warps']} | {record['registers']} | "
-                  f"{record['spill_stores']} / {record['spill_loads']} |")
+            tile = " ".join(
+                part.removeprefix("TILE.") for part in record["constants"].split() if part.startswith("TILE.")
+            )
+            print(
+                f"| {record['label']} | {tile} num_warps={record['num_warps']} | {record['registers']} | "
+                f"{record['spill_stores']} / {record['spill_loads']} |"
+            )
     return failures
 
 

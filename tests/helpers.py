@@ -1,4 +1,5 @@
 """Shared test helpers: case builders and the one comparison against the golden."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,28 +24,56 @@ def matrix_id(case) -> str:
     return f"{mode}-{padding}-{'ac' if align_corners else 'noac'}"
 
 
-def make_case(batch=2, channels=3, in_size=(5, 6, 7), out_size=(4, 5, 3), dtype=torch.float64,
-              data_format="NCDHW", seed=0, low=-1.2, high=1.2):
+def make_case(
+    batch=2,
+    channels=3,
+    in_size=(5, 6, 7),
+    out_size=(4, 5, 3),
+    dtype=torch.float64,
+    data_format="NCDHW",
+    seed=0,
+    low=-1.2,
+    high=1.2,
+):
     """Random (grad, input, grid) in ``data_format``; the grid is uniform in [low, high]."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn((batch, channels) + tuple(in_size), generator=generator, dtype=torch.float64)
     grad = torch.randn((batch, channels) + tuple(out_size), generator=generator, dtype=torch.float64)
-    grid = low + (high - low) * torch.rand((batch,) + tuple(out_size) + (3,), generator=generator,
-                                           dtype=torch.float64)
+    grid = low + (high - low) * torch.rand((batch,) + tuple(out_size) + (3,), generator=generator, dtype=torch.float64)
     if data_format == "NDHWC":
         x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
     return grad.to(dtype), x.to(dtype), grid.to(dtype)
 
 
-def assert_backward_matches(grad, x, grid, mode="bilinear", padding="zeros", align_corners=False,
-                            data_format="NCDHW", backend="auto", output_mask=(True, True), label="", **extra):
+def assert_backward_matches(
+    grad,
+    x,
+    grid,
+    mode="bilinear",
+    padding="zeros",
+    align_corners=False,
+    data_format="NCDHW",
+    backend="auto",
+    output_mask=(True, True),
+    label="",
+    **extra,
+):
     """Run the library's backward and assert the precision rule (docs/semantics.md) on each output asked for."""
     dtype = torch.as_tensor(x).dtype
-    dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, output_mask=output_mask,
-                                           data_format=data_format, backend=backend, **extra)
+    dx, dgrid = gs.grid_sampler3d_backward(
+        grad,
+        x,
+        grid,
+        mode,
+        padding,
+        align_corners,
+        output_mask=output_mask,
+        data_format=data_format,
+        backend=backend,
+        **extra,
+    )
     golden = precision.golden_backward(grad, x, grid, mode, padding, align_corners, output_mask, data_format)
-    competitor = precision.competitor_backward(grad, x, grid, mode, padding, align_corners, output_mask,
-                                               data_format)
+    competitor = precision.competitor_backward(grad, x, grid, mode, padding, align_corners, output_mask, data_format)
     for name, ours, gold, theirs, like in zip(("dx", "dgrid"), (dx, dgrid), golden, competitor, (x, grid)):
         if gold is None:
             assert ours is None, f"{label} {name}: not asked for, but computed"
@@ -57,8 +86,9 @@ def assert_backward_matches(grad, x, grid, mode="bilinear", padding="zeros", ali
     return dx, dgrid
 
 
-def assert_forward_matches(x, grid, mode="bilinear", padding="zeros", align_corners=False, data_format="NCDHW",
-                           backend="auto", label=""):
+def assert_forward_matches(
+    x, grid, mode="bilinear", padding="zeros", align_corners=False, data_format="NCDHW", backend="auto", label=""
+):
     """Run the library's forward and assert the precision rule."""
     dtype = torch.as_tensor(x).dtype
     y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend=backend)
@@ -71,8 +101,16 @@ def assert_forward_matches(x, grid, mode="bilinear", padding="zeros", align_corn
     return y
 
 
-def make_warp_case(batch=2, channels=2, size=(3, 4, 5), dtype=torch.float64, data_format="NCDHW",
-                   displacement_format="N3DHW", seed=0, spread=2.5):
+def make_warp_case(
+    batch=2,
+    channels=2,
+    size=(3, 4, 5),
+    dtype=torch.float64,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    seed=0,
+    spread=2.5,
+):
     """Random (grad, volume, displacement) in the given formats; the displacement (voxels) is normal
     with standard deviation ``spread``, so that many points leave the volume."""
     generator = torch.Generator().manual_seed(seed)
@@ -99,8 +137,16 @@ def _warp_by_hand(volume, displacement, mode, padding, align_corners, data_forma
     return (y.permute(0, 2, 3, 4, 1) if channels_last else y), x, field
 
 
-def competitor_warp(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
-                    data_format="NCDHW", displacement_format="N3DHW"):
+def competitor_warp(
+    grad,
+    volume,
+    displacement,
+    mode="bilinear",
+    padding="border",
+    align_corners=True,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+):
     """(y, dvolume, ddisplacement) of :func:`_warp_by_hand` in the compute dtype (half types: float32 on
     the upcast inputs), rounded back: the precision rule's competitor of the fused warp."""
     dtype = volume.dtype
@@ -113,19 +159,36 @@ def competitor_warp(grad, volume, displacement, mode="bilinear", padding="border
     return tuple(tensor.detach().to(dtype) for tensor in (y, dvolume, ddisplacement))
 
 
-def assert_warp_matches(grad, volume, displacement, mode="bilinear", padding="border", align_corners=True,
-                        data_format="NCDHW", displacement_format="N3DHW", backend="auto", output_mask=(True, True),
-                        label="", **extra):
+def assert_warp_matches(
+    grad,
+    volume,
+    displacement,
+    mode="bilinear",
+    padding="border",
+    align_corners=True,
+    data_format="NCDHW",
+    displacement_format="N3DHW",
+    backend="auto",
+    output_mask=(True, True),
+    label="",
+    **extra,
+):
     """Run the library's warp3d and warp3d_backward and assert the precision rule on y, dvolume and
     ddisplacement (the golden: the float64 reference; the competitor: :func:`competitor_warp`)."""
     dtype = volume.dtype
     formats = dict(data_format=data_format, displacement_format=displacement_format)
     y = gs.warp3d(volume, displacement, mode, padding, align_corners, backend=backend, **formats)
-    ours = (y, *gs.warp3d_backward(grad, volume, displacement, mode, padding, align_corners, output_mask,
-                                   backend=backend, **formats, **extra))
+    ours = (
+        y,
+        *gs.warp3d_backward(
+            grad, volume, displacement, mode, padding, align_corners, output_mask, backend=backend, **formats, **extra
+        ),
+    )
     wide = [tensor.detach().cpu().double() for tensor in (grad, volume, displacement)]
-    golden = (gs.warp3d(*wide[1:], mode, padding, align_corners, backend="reference", **formats),
-              *gs.warp3d_backward(*wide, mode, padding, align_corners, backend="reference", **formats))
+    golden = (
+        gs.warp3d(*wide[1:], mode, padding, align_corners, backend="reference", **formats),
+        *gs.warp3d_backward(*wide, mode, padding, align_corners, backend="reference", **formats),
+    )
     competitor = competitor_warp(grad, volume, displacement, mode, padding, align_corners, **formats)
     for index, (name, like) in enumerate(zip(("y", "dvolume", "ddisplacement"), (volume, volume, displacement))):
         if index and not output_mask[index - 1]:
@@ -160,6 +223,7 @@ def poisoned_allocations(fill=float("nan")):
         yield shapes
     finally:
         torch.empty, torch.empty_like = empty, empty_like
+
 
 def cancelling_channels_last_case():
     """A case Hypothesis found: constant x, so every grid gradient is exactly 0, and two grad channels 14 orders apart.

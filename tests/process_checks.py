@@ -11,6 +11,7 @@ Every check runs the trilinear kernels, the tricubic ones and the half-precision
 rounding pass, and checks that none of them started a Numba threading layer: the
 engine runs its parts on its own threads (or torch's OpenMP team), never on Numba's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,11 @@ import torch
 
 CASES = 4  # samples per check
 # (mode, padding, dtype): bilinear as most calls are, bicubic, and bfloat16 for the rounding pass
-SAMPLED = (("bilinear", "border", torch.float64), ("bicubic", "reflection", torch.float64),
-           ("bilinear", "zeros", torch.bfloat16))
+SAMPLED = (
+    ("bilinear", "border", torch.float64),
+    ("bicubic", "reflection", torch.float64),
+    ("bilinear", "zeros", torch.bfloat16),
+)
 
 
 def _inputs(index: int, dtype=torch.float64):
@@ -96,8 +100,7 @@ def check_fork(parent_results) -> None:
     the children run on the engine's worker threads.
     """
     _assert_equal(sample(0), parent_results[0], "parent, 2 threads")
-    loader = torch.utils.data.DataLoader(_Samples(), batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(_Samples(), batch_size=None, num_workers=2, multiprocessing_context="fork")
     workers = set()
     for index, (results, route, layer, pid) in enumerate(loader):
         assert route == "workers", f"a forked worker runs its parts on {route}"

@@ -16,6 +16,7 @@
 
 Each prints "ok" last when it passed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,12 @@ import numba
 import torch
 
 # (mode, padding, align_corners, data_format) of the plain path's check
-PLAIN_CASES = (("bilinear", "zeros", False, "NCDHW"), ("nearest", "reflection", True, "NCDHW"),
-               ("bilinear", "border", False, "NDHWC"), ("bicubic", "reflection", False, "NCDHW"))
+PLAIN_CASES = (
+    ("bilinear", "zeros", False, "NCDHW"),
+    ("nearest", "reflection", True, "NCDHW"),
+    ("bilinear", "border", False, "NDHWC"),
+    ("bicubic", "reflection", False, "NCDHW"),
+)
 
 
 def _case(dtype=torch.float64, data_format="NCDHW", seed=0):
@@ -60,8 +65,12 @@ def _run_every_kind_of_kernel() -> None:
 def _numba_state() -> dict:
     """Numba's process-wide settings (read without starting anything)."""
     config = numba.config
-    return {"THREADING_LAYER": config.THREADING_LAYER, "THREADING_LAYER_PRIORITY": config.THREADING_LAYER_PRIORITY,
-            "NUMBA_NUM_THREADS": config.NUMBA_NUM_THREADS, "CACHE_DIR": config.CACHE_DIR}
+    return {
+        "THREADING_LAYER": config.THREADING_LAYER,
+        "THREADING_LAYER_PRIORITY": config.THREADING_LAYER_PRIORITY,
+        "NUMBA_NUM_THREADS": config.NUMBA_NUM_THREADS,
+        "CACHE_DIR": config.CACHE_DIR,
+    }
 
 
 def _libraries() -> set[str]:
@@ -132,8 +141,10 @@ def check_plain() -> None:
         attributes = (mode, padding, align_corners)
         y = gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="numba")
         dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, *attributes, data_format=data_format, backend="numba")
-        golden = (precision.golden_forward(x, grid, *attributes, data_format),
-                  *precision.golden_backward(grad, x, grid, *attributes, (True, True), data_format))
+        golden = (
+            precision.golden_forward(x, grid, *attributes, data_format),
+            *precision.golden_backward(grad, x, grid, *attributes, (True, True), data_format),
+        )
         for name, ours, gold in zip(("y", "dx", "dgrid"), (y, dx, dgrid), golden):
             assert _same(ours, gold), f"float64 {label} {name}: not bitwise the golden"
         grad, x, grid = _case(torch.float32, data_format, seed=1)
@@ -171,8 +182,13 @@ def check_checksum() -> None:
         print(f"{mode} {float(gs.grid_sampler3d(x, grid, mode, backend='numba').sum())!r}")
 
 
-CHECKS = {"import": check_import, "user-layer": check_user_layer, "plain": check_plain,
-          "missing-hook": check_missing_hook, "checksum": check_checksum}
+CHECKS = {
+    "import": check_import,
+    "user-layer": check_user_layer,
+    "plain": check_plain,
+    "missing-hook": check_missing_hook,
+    "checksum": check_checksum,
+}
 
 if __name__ == "__main__":
     CHECKS[sys.argv[1]]()

@@ -1,4 +1,5 @@
 """The backend registry: module layering, the `backends` command, and the warning when "auto" falls back."""
+
 import ast
 import importlib.metadata
 import json
@@ -18,8 +19,13 @@ from gridsampler3d.cli import main
 PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
 ENGINE_FILES = sorted((PACKAGE / "cpu").glob("*.py")) + sorted((PACKAGE / "gpu").glob("*.py"))
 # The registry imports the engines; an engine importing any of these closes a cycle.
-ABOVE_THE_ENGINES = {"gridsampler3d", "gridsampler3d.backends", "gridsampler3d.api", "gridsampler3d.torch_ops",
-                     "gridsampler3d.patch"}
+ABOVE_THE_ENGINES = {
+    "gridsampler3d",
+    "gridsampler3d.backends",
+    "gridsampler3d.api",
+    "gridsampler3d.torch_ops",
+    "gridsampler3d.patch",
+}
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -32,7 +38,7 @@ def _imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return {name for name in names if name.split(".")[0] == "gridsampler3d"}
@@ -64,11 +70,17 @@ print(json.dumps({"loaded": loaded, "package_intact": sys.modules["gridsampler3d
 
 def test_importing_the_engines_loads_nothing_above_them():
     """Each engine module imports, with everything it needs, before the registry or the API exists."""
-    modules = [".".join(("gridsampler3d", path.parent.name, path.stem)).removesuffix(".__init__")
-               for path in ENGINE_FILES]
+    modules = [
+        ".".join(("gridsampler3d", path.parent.name, path.stem)).removesuffix(".__init__") for path in ENGINE_FILES
+    ]
     above = ",".join(sorted(ABOVE_THE_ENGINES - {"gridsampler3d"}))
-    result = subprocess.run([sys.executable, "-c", IMPORT_THE_ENGINES_ALONE, str(PACKAGE), above, *modules],
-                            cwd=PACKAGE.parent, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_THE_ENGINES_ALONE, str(PACKAGE), above, *modules],
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["package_intact"]

@@ -1,4 +1,5 @@
 """The benchmark runner's summary statistics (the timed suite itself runs through `gridsampler3d bench`)."""
+
 import json
 import math
 
@@ -64,8 +65,21 @@ def test_bench_rewrites_the_readme_speed_table_from_its_run(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n<!-- speed-table: old -->\nold table\n<!-- /speed-table -->\n\nafter\n")
     json_path = tmp_path / "bench.json"
-    argv = ["bench", "--cases", "odd,tiny8", "--repeats", "1", "--scale", "0.3", "--threads", "1,2",
-            "--json", str(json_path), "--readme", str(readme)]
+    argv = [
+        "bench",
+        "--cases",
+        "odd,tiny8",
+        "--repeats",
+        "1",
+        "--scale",
+        "0.3",
+        "--threads",
+        "1,2",
+        "--json",
+        str(json_path),
+        "--readme",
+        str(readme),
+    ]
     assert main(argv) == 0
     text = readme.read_text()
     reports = json.loads(json_path.read_text())["reports"]
@@ -88,16 +102,35 @@ def test_a_benchmarks_document_reads_back_as_its_reports():
     from gridsampler3d.bench import format_document, read_document
 
     def result(name, forward, backward):
-        return {"case": {"name": name, "baseline": "torch"},
-                **{stage: {"torch": {"median_s": 2e-3}, "ours": {"median_s": 1e-3}, "ratio": ratio}
-                   for stage, ratio in (("forward", forward), ("backward", backward))}}
+        return {
+            "case": {"name": name, "baseline": "torch"},
+            **{
+                stage: {"torch": {"median_s": 2e-3}, "ours": {"median_s": 1e-3}, "ratio": ratio}
+                for stage, ratio in (("forward", forward), ("backward", backward))
+            },
+        }
 
-    machine = {"date": "2026-12-05T12:34:04+00:00", "cpu": "Intel(R) Xeon(R) Processor", "cores": 2,
-               "platform": "Linux-x", "threads": 2, "device": "cpu",
-               "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "numba": "0.68.1", "numpy": "2.4.6",
-                            "gridsampler3d": "0.1.0"}}
-    report = {"machine": machine, "repeats": 5, "results": [result("reg128", 3.281, 1.914)],
-              "summary": {"forward": {"geomean_ratio": 3.281}, "backward": {"geomean_ratio": 1.914}}}
+    machine = {
+        "date": "2026-12-05T12:34:04+00:00",
+        "cpu": "Intel(R) Xeon(R) Processor",
+        "cores": 2,
+        "platform": "Linux-x",
+        "threads": 2,
+        "device": "cpu",
+        "versions": {
+            "python": "3.11.7",
+            "torch": "2.13.0+cpu",
+            "numba": "0.68.1",
+            "numpy": "2.4.6",
+            "gridsampler3d": "0.1.0",
+        },
+    }
+    report = {
+        "machine": machine,
+        "repeats": 5,
+        "results": [result("reg128", 3.281, 1.914)],
+        "summary": {"forward": {"geomean_ratio": 3.281}, "backward": {"geomean_ratio": 1.914}},
+    }
     (read,) = read_document(format_document([report], "gridsampler3d bench"))
     assert read["machine"] == {key: value for key, value in machine.items()}
     assert read["results"][0]["case"]["name"] == "reg128" and read["results"][0]["forward"]["ratio"] == 3.28

@@ -6,14 +6,14 @@ gradcheck; (c) every engine against the float64 reference by the precision rule
 (competitor: the torch composite in the compute dtype); (d) at voxel centres the output
 is the input.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DTYPE_IDS, DTYPES, assert_backward_matches, assert_forward_matches, make_case, poisoned_allocations
 
 import gridsampler3d as gs
 from gridsampler3d import precision
-from helpers import (DTYPE_IDS, DTYPES, assert_backward_matches, assert_forward_matches, make_case,
-                     poisoned_allocations)
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -53,8 +53,9 @@ def test_constant_depth_reproduces_pytorch_2d_bicubic(attributes, cpu_backend):
     # Not bitwise: the 3-D sums also weight four equal z taps, whose cubic weights add up to 1
     # only up to float64 rounding; values are of order 1, so 1e-12 is ample and still strict.
     torch.testing.assert_close(y[:, :, 0], expected.detach(), rtol=1e-12, atol=1e-12)
-    dx, dgrid = gs.grid_sampler3d_backward(grad2d.unsqueeze(2), volume, grid, "bicubic", padding, align_corners,
-                                           backend=cpu_backend, deterministic=True)
+    dx, dgrid = gs.grid_sampler3d_backward(
+        grad2d.unsqueeze(2), volume, grid, "bicubic", padding, align_corners, backend=cpu_backend, deterministic=True
+    )
     # The volume's gradient, summed along D, is the image's; the grid's x and y parts are the 2-D grid's
     # (to float64 rounding, as for y).
     torch.testing.assert_close(dx.sum(2), image.grad, rtol=1e-12, atol=1e-12)
@@ -77,17 +78,29 @@ def test_numba_and_reference_match_the_rule(attributes, dtype, data_format):
 
 @pytest.mark.skipif("triton" not in gs.available_backends(), reason="Triton cannot run here")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
-@pytest.mark.parametrize("dtype, data_format", [(torch.float64, "NCDHW"), (torch.float32, "NDHWC"),
-                                                (torch.bfloat16, "NCDHW"), (torch.float16, "NDHWC")],
-                         ids=["f64-NCDHW", "f32-NDHWC", "bf16-NCDHW", "f16-NDHWC"])
+@pytest.mark.parametrize(
+    "dtype, data_format",
+    [(torch.float64, "NCDHW"), (torch.float32, "NDHWC"), (torch.bfloat16, "NCDHW"), (torch.float16, "NDHWC")],
+    ids=["f64-NCDHW", "f32-NDHWC", "bf16-NCDHW", "f16-NDHWC"],
+)
 @pytest.mark.parametrize("attributes", ATTRIBUTES, ids=attribute_id)
 def test_triton_matches_the_rule(attributes, dtype, data_format, deterministic):
     padding, align_corners = attributes
     device = "cuda" if torch.cuda.is_available() else "cpu"
     grad, x, grid = (t.to(device) for t in make_case(1, 3, (4, 5, 3), (3, 2, 4), dtype, data_format, seed=4))
     label = f"bicubic {attribute_id(attributes)} {DTYPE_IDS[dtype]} {data_format} triton"
-    assert_backward_matches(grad, x, grid, "bicubic", padding, align_corners, data_format, "triton", label=label,
-                            deterministic=deterministic)
+    assert_backward_matches(
+        grad,
+        x,
+        grid,
+        "bicubic",
+        padding,
+        align_corners,
+        data_format,
+        "triton",
+        label=label,
+        deterministic=deterministic,
+    )
     if not deterministic:
         assert_forward_matches(x, grid, "bicubic", padding, align_corners, data_format, "triton", label=label)
 
@@ -102,8 +115,9 @@ def test_triton_float64_sums_in_the_reference_order(padding):
     expected_y = gs.grid_sampler3d(x, grid, "bicubic", padding, backend="reference")
     expected = gs.grid_sampler3d_backward(grad, x, grid, "bicubic", padding, backend="reference")
     y = gs.grid_sampler3d(x.to(device), grid.to(device), "bicubic", padding, backend="triton")
-    ours = gs.grid_sampler3d_backward(grad.to(device), x.to(device), grid.to(device), "bicubic", padding,
-                                      backend="triton", deterministic=True)
+    ours = gs.grid_sampler3d_backward(
+        grad.to(device), x.to(device), grid.to(device), "bicubic", padding, backend="triton", deterministic=True
+    )
     for name, a, b in zip(("y", "dx", "dgrid"), (y, *ours), (expected_y, *expected)):
         if device == "cpu":
             assert torch.equal(a, b), name
@@ -118,14 +132,18 @@ def test_numba_is_the_reference_bit_for_bit(align_corners):
         expected = gs.grid_sampler3d_backward(grad, x, grid, "bicubic", padding, align_corners, backend="reference")
         ours = gs.grid_sampler3d_backward(grad, x, grid, "bicubic", padding, align_corners, backend="numba")
         assert all(torch.equal(a, b) for a, b in zip(ours, expected)), padding
-        assert torch.equal(gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="numba"),
-                           gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="reference"))
+        assert torch.equal(
+            gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="numba"),
+            gs.grid_sampler3d(x, grid, "bicubic", padding, align_corners, backend="reference"),
+        )
 
 
 @pytest.mark.parametrize("output_mask", [(True, True), (True, False), (False, True)], ids=str)
-@pytest.mark.parametrize("dtype, data_format", [(torch.float64, "NCDHW"), (torch.float64, "NDHWC"),
-                                                (torch.float32, "NDHWC"), (torch.bfloat16, "NCDHW")],
-                         ids=["f64-NCDHW", "f64-NDHWC", "f32-NDHWC", "bf16-NCDHW"])
+@pytest.mark.parametrize(
+    "dtype, data_format",
+    [(torch.float64, "NCDHW"), (torch.float64, "NDHWC"), (torch.float32, "NDHWC"), (torch.bfloat16, "NCDHW")],
+    ids=["f64-NCDHW", "f64-NDHWC", "f32-NDHWC", "bf16-NCDHW"],
+)
 @pytest.mark.parametrize("padding", PADDINGS)
 def test_numba_writes_every_output_element(padding, dtype, data_format, output_mask):
     """Outputs allocated NaN-filled (the inputs are finite): y, dx and dgrid must come out equal to
@@ -134,20 +152,28 @@ def test_numba_writes_every_output_element(padding, dtype, data_format, output_m
     attributes = ("bicubic", padding, False)
     with poisoned_allocations() as allocations:
         y = gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="numba")
-        dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, *attributes, output_mask=output_mask,
-                                               data_format=data_format, backend="numba")
+        dx, dgrid = gs.grid_sampler3d_backward(
+            grad, x, grid, *attributes, output_mask=output_mask, data_format=data_format, backend="numba"
+        )
     assert len(allocations) >= 1 + sum(output_mask), "the engine's outputs no longer go through torch.empty"
     if dtype == torch.float64:  # the reference bit for bit
-        expected = (gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="reference"),
-                    *gs.grid_sampler3d_backward(grad, x, grid, *attributes, output_mask=output_mask,
-                                                data_format=data_format, backend="reference"))
+        expected = (
+            gs.grid_sampler3d(x, grid, *attributes, data_format=data_format, backend="reference"),
+            *gs.grid_sampler3d_backward(
+                grad, x, grid, *attributes, output_mask=output_mask, data_format=data_format, backend="reference"
+            ),
+        )
         for name, ours, theirs in zip(("y", "dx", "dgrid"), (y, dx, dgrid), expected):
             assert (ours is None and theirs is None) or torch.equal(ours, theirs), name
         return
-    goldens = (precision.golden_forward(x, grid, *attributes, data_format),
-               *precision.golden_backward(grad, x, grid, *attributes, output_mask, data_format))
-    competitors = (precision.competitor_forward(x, grid, *attributes, data_format),
-                   *precision.competitor_backward(grad, x, grid, *attributes, output_mask, data_format))
+    goldens = (
+        precision.golden_forward(x, grid, *attributes, data_format),
+        *precision.golden_backward(grad, x, grid, *attributes, output_mask, data_format),
+    )
+    competitors = (
+        precision.competitor_forward(x, grid, *attributes, data_format),
+        *precision.competitor_backward(grad, x, grid, *attributes, output_mask, data_format),
+    )
     for name, ours, golden, competitor in zip(("y", "dx", "dgrid"), (y, dx, dgrid), goldens, competitors):
         if golden is None:
             assert ours is None, name
@@ -187,10 +213,11 @@ def test_gradcheck_and_gradgradcheck(data_format):
     x = torch.randn(1, 2, 3, 4, 3, generator=generator, dtype=torch.float64)
     if data_format == "NDHWC":
         x = x.permute(0, 2, 3, 4, 1).contiguous()
-    grid = (torch.rand(1, 2, 3, 2, 3, generator=generator, dtype=torch.float64) * 2.2 - 1.1)
+    grid = torch.rand(1, 2, 3, 2, 3, generator=generator, dtype=torch.float64) * 2.2 - 1.1
     x.requires_grad_(True)
     grid.requires_grad_(True)
     for padding in PADDINGS:
+
         def function(volume, points):
             return gs.grid_sample(volume, points, "bicubic", padding, False, data_format=data_format)
 

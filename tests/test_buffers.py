@@ -1,4 +1,5 @@
 """The CPU engine's cache of released output blocks (gridsampler3d.cpu.buffers)."""
+
 import gc
 
 import pytest

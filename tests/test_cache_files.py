@@ -1,4 +1,5 @@
 """The engine's disk cache never pairs one entry's key with another entry's compiled code."""
+
 import pytest
 
 numba_hooks = pytest.importorskip("gridsampler3d.cpu.numba_hooks", reason="the plain path has no disk cache")

@@ -1,10 +1,11 @@
 """The `gridsampler3d check` command: the mode matrix against PyTorch, and that it can fail."""
+
 import pytest
 import torch
 
 from gridsampler3d.backends import BACKENDS
-from gridsampler3d.commands.check import run_check
 from gridsampler3d.cli import main
+from gridsampler3d.commands.check import run_check
 
 BACKENDS_HERE = ["reference", "numba"]
 
@@ -52,10 +53,13 @@ def test_crashing_backend_fails_each_case(monkeypatch):
     assert all(not row["passed"] and "kernel exploded" in row["error"] for row in rows)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--backends", "nonesuch"], "unknown backend 'nonesuch'"),
-    (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], "--device"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--backends", "nonesuch"], "unknown backend 'nonesuch'"),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], "--device"),
+    ],
+)
 def test_check_errors_are_one_line(capsys, arguments, message):
     assert main(["check", "--quick", *arguments]) == 2
     errors = capsys.readouterr().err.strip().splitlines()

@@ -1,15 +1,16 @@
 """The `gridsampler3d run` command: default case, files, and one-line errors."""
+
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from helpers import make_case
 
 import gridsampler3d as gs
 from gridsampler3d import precision
 from gridsampler3d.cli import build_parser, main
-from helpers import make_case
 
 
 def test_run_default_case_writes_outputs(tmp_path, capsys):
@@ -25,9 +26,24 @@ def test_run_on_files_matches_golden(tmp_path):
     grad, x, grid = (t.numpy() for t in make_case(dtype=torch.float64, data_format="NDHWC"))
     for name, array in (("grad", grad), ("x", x), ("grid", grid)):
         np.save(tmp_path / f"{name}.npy", array)
-    code = main(["run", "--grad", str(tmp_path / "grad.npy"), "--input", str(tmp_path / "x.npy"), "--grid",
-                 str(tmp_path / "grid.npy"), "--padding-mode", "2", "--align-corners", "--data-format", "NDHWC",
-                 "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "run",
+            "--grad",
+            str(tmp_path / "grad.npy"),
+            "--input",
+            str(tmp_path / "x.npy"),
+            "--grid",
+            str(tmp_path / "grid.npy"),
+            "--padding-mode",
+            "2",
+            "--align-corners",
+            "--data-format",
+            "NDHWC",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 0
     golden = precision.golden_backward(grad, x, grid, "bilinear", "reflection", True, data_format="NDHWC")
     # float64 on the CPU engine is PyTorch's float64 bit for bit, and .npy files keep every bit.
@@ -35,18 +51,25 @@ def test_run_on_files_matches_golden(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "dgrid.npy"), golden[1].numpy())
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--grad", "missing.npy", "--input", "missing.npy", "--grid", "missing.npy"], "no such file"),
-    (["--grad", "bad.npy", "--input", "bad.npy", "--grid", "bad.npy"], "not a readable .npy array"),
-    (["--grad", "x.npy"], "go together; missing --input, --grid"),
-    (["--grad", "x.npy", "--input", "x.npy", "--grid", "x.npy"], "grid's last dimension must be 3"),
-    (["--padding-mode", "wrap", "--size", "4"], "padding_mode must be one of"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--grad", "missing.npy", "--input", "missing.npy", "--grid", "missing.npy"], "no such file"),
+        (["--grad", "bad.npy", "--input", "bad.npy", "--grid", "bad.npy"], "not a readable .npy array"),
+        (["--grad", "x.npy"], "go together; missing --input, --grid"),
+        (["--grad", "x.npy", "--input", "x.npy", "--grid", "x.npy"], "grid's last dimension must be 3"),
+        (["--padding-mode", "wrap", "--size", "4"], "padding_mode must be one of"),
+    ],
+)
 def test_run_errors_are_one_line(tmp_path, arguments, message):
     (tmp_path / "bad.npy").write_text("not an array")
     np.save(tmp_path / "x.npy", np.zeros((1, 1, 2, 2, 2)))
-    result = subprocess.run([sys.executable, "-m", "gridsampler3d.cli", "run", *arguments, "--out", "o"],
-                            cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gridsampler3d.cli", "run", *arguments, "--out", "o"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.strip().splitlines() if not line.startswith("computing")]

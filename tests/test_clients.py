@@ -5,6 +5,7 @@ and backward. The patched run must reach this library (both the forward and the 
 and give PyTorch's outputs and gradients: equal in float64 (every sum in PyTorch's order),
 within float32 rounding in float32.
 """
+
 import pytest
 import torch
 

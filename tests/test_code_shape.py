@@ -3,6 +3,7 @@
 Every function of the CPU engine (Numba kernels included) and of the GPU engine (Triton
 kernels and their ``@triton.jit`` helpers included).
 """
+
 import ast
 from pathlib import Path
 
@@ -24,11 +25,17 @@ def _functions():
 
 def _code_lines(node, lines) -> int:
     body = node.body
-    docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+    docstring = (
+        isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
         and isinstance(body[0].value.value, str)
+    )
     skipped = set(range(body[0].lineno, body[0].end_lineno + 1)) if docstring else set()
-    return sum(1 for number in range(body[0].lineno, node.end_lineno + 1)
-               if number not in skipped and lines[number - 1].strip() and not lines[number - 1].strip().startswith("#"))
+    return sum(
+        1
+        for number in range(body[0].lineno, node.end_lineno + 1)
+        if number not in skipped and lines[number - 1].strip() and not lines[number - 1].strip().startswith("#")
+    )
 
 
 def _parameters(node) -> int:
@@ -38,10 +45,12 @@ def _parameters(node) -> int:
     return count - (1 if names and names[0].arg in ("self", "cls") else 0)
 
 
-@pytest.mark.parametrize("limit, measure", [(MAX_LINES, _code_lines), (MAX_PARAMETERS, None)],
-                         ids=["lines", "parameters"])
+@pytest.mark.parametrize(
+    "limit, measure", [(MAX_LINES, _code_lines), (MAX_PARAMETERS, None)], ids=["lines", "parameters"]
+)
 def test_no_function_is_too_long_or_takes_too_many_parameters(limit, measure):
-    offenders = [(name, node.name, measure(node, lines) if measure else _parameters(node))
-                 for name, node, lines in _functions()]
+    offenders = [
+        (name, node.name, measure(node, lines) if measure else _parameters(node)) for name, node, lines in _functions()
+    ]
     offenders = [offender for offender in offenders if offender[2] > limit]
     assert not offenders, offenders

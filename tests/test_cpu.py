@@ -1,4 +1,5 @@
 """The Numba CPU engine: exactness, determinism, thread counts, every element written, int64 offsets."""
+
 import itertools
 import json
 import os
@@ -10,21 +11,19 @@ import numba
 import numpy as np
 import pytest
 import torch
+from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 import gridsampler3d as gs
-from gridsampler3d import inputs
-from gridsampler3d.rounding import round_once
-from gridsampler3d import precision
-from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
+from gridsampler3d import inputs, precision
 from gridsampler3d.cpu import engine
-from gridsampler3d.cpu.backward import backward_kernel
+from gridsampler3d.cpu.backward import BackwardOperands, backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use, outlined_helper, part_kernel, plain
-from gridsampler3d.cpu.backward import BackwardOperands
 from gridsampler3d.cpu.planner import _rows_per_long_row
 from gridsampler3d.cpu.records import Carry, Geometry, RowRanges, coordinate_rule
 from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
-from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
+from gridsampler3d.rounding import round_once
+from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -40,8 +39,9 @@ def _with_nonfinite(grad, x, grid):
 
 
 def _equal(a, b):
-    return torch.equal(torch.nan_to_num(a, 1.0, 2.0, 3.0), torch.nan_to_num(b, 1.0, 2.0, 3.0)) and \
-        torch.equal(torch.isnan(a), torch.isnan(b))
+    return torch.equal(torch.nan_to_num(a, 1.0, 2.0, 3.0), torch.nan_to_num(b, 1.0, 2.0, 3.0)) and torch.equal(
+        torch.isnan(a), torch.isnan(b)
+    )
 
 
 @pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
@@ -52,8 +52,9 @@ def test_float64_is_bitwise_pytorch(attributes, data_format):
     grad, x, grid = _with_nonfinite(*make_case(2, 5, (5, 6, 7), (4, 5, 3), torch.float64, low=-1.3, high=1.3))
     if data_format == "NDHWC":
         x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
-    ours = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, data_format=data_format,
-                                      backend="numba")
+    ours = gs.grid_sampler3d_backward(
+        grad, x, grid, mode, padding, align_corners, data_format=data_format, backend="numba"
+    )
     golden = precision.golden_backward(grad, x, grid, mode, padding, align_corners, data_format=data_format)
     assert _equal(ours[0], golden[0]) and _equal(ours[1], golden[1])
     y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend="numba")
@@ -77,9 +78,10 @@ def test_results_do_not_depend_on_thread_count(dtype, smooth, mode, data_format,
     results = []
     for count in (1, 2, 3):
         threads(count)
-        results.append(gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format,
-                                                  backend="numba")
-                       + (gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba"),))
+        results.append(
+            gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format, backend="numba")
+            + (gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba"),)
+        )
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
@@ -152,12 +154,16 @@ def _short_rows(tensor, w_axis):
     return view.copy_(tensor)
 
 
-@pytest.mark.parametrize("mode, padding, dtype, data_format, smooth", [
-    ("bilinear", "zeros", torch.float64, "NCDHW", True),
-    ("bilinear", "reflection", torch.float32, "NDHWC", True),
-    ("nearest", "border", torch.float32, "NCDHW", True),
-    ("bilinear", "reflection", torch.float64, "NCDHW", False),
-], ids=["zeros-fp64", "reflection-fp32-NDHWC", "nearest-fp32", "random-fp64"])
+@pytest.mark.parametrize(
+    "mode, padding, dtype, data_format, smooth",
+    [
+        ("bilinear", "zeros", torch.float64, "NCDHW", True),
+        ("bilinear", "reflection", torch.float32, "NDHWC", True),
+        ("nearest", "border", torch.float32, "NCDHW", True),
+        ("bilinear", "reflection", torch.float64, "NCDHW", False),
+    ],
+    ids=["zeros-fp64", "reflection-fp32-NDHWC", "nearest-fp32", "random-fp64"],
+)
 def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_format, smooth, threads, monkeypatch):
     """Output rows walked k at a time as one row (the plan's rows_joined) give the bits of rows walked one by one.
 
@@ -168,8 +174,9 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
     """
     from gridsampler3d.cpu import tuning
 
-    grad, x, grid = make_case(1, 5, (6, 7, 8), (4, 6, 20), torch.float64, low=-1.1 if smooth else -1.2,
-                              high=1.1 if smooth else 1.2)
+    grad, x, grid = make_case(
+        1, 5, (6, 7, 8), (4, 6, 20), torch.float64, low=-1.1 if smooth else -1.2, high=1.1 if smooth else 1.2
+    )
     if smooth:
         grid = inputs.random_affine_grid(1, (4, 6, 20), seed=5, dtype=torch.float64)
     else:
@@ -184,16 +191,20 @@ def test_long_rows_give_the_bits_of_rows_one_by_one(mode, padding, dtype, data_f
     for count, joined in ((1, 6), (2, 3), (3, 2)):
         threads(count)
         assert _rows_per_long_row(4, 6, 20, count) == joined
-        runs = [(gs.grid_sampler3d(x_, grid_, mode, padding, data_format=data_format, backend="numba"),
-                 *gs.grid_sampler3d_backward(grad_, x_, grid_, mode, padding, data_format=data_format,
-                                             backend="numba"))
-                for grad_, x_, grid_ in ((grad, x, grid), short)]
+        runs = [
+            (
+                gs.grid_sampler3d(x_, grid_, mode, padding, data_format=data_format, backend="numba"),
+                *gs.grid_sampler3d_backward(grad_, x_, grid_, mode, padding, data_format=data_format, backend="numba"),
+            )
+            for grad_, x_, grid_ in ((grad, x, grid), short)
+        ]
         assert all(_equal(a, b) for a, b in zip(*runs)), count
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("shape", [(1, 1, 2, 3, 5), (2, 3, 3, 5, 7), (3, 17, 4, 5, 6), (1, 16, 8, 8, 8)],
-                         ids=["1ch", "3ch", "17ch", "16ch"])
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 2, 3, 5), (2, 3, 3, 5, 7), (3, 17, 4, 5, 6), (1, 16, 8, 8, 8)], ids=["1ch", "3ch", "17ch", "16ch"]
+)
 def test_channels_last_copies_keep_every_bit(dtype, shape, threads):
     """transpose.to_channels_last / to_contiguous: the same elements (NaN payloads too), in the other layout.
 
@@ -202,9 +213,12 @@ def test_channels_last_copies_keep_every_bit(dtype, shape, threads):
     """
     from gridsampler3d.cpu import transpose
 
-    bits = torch.randint(-2 ** 15, 2 ** 15, shape, generator=torch.Generator().manual_seed(1), dtype=torch.int32)
-    tensor = bits.to(torch.int16).view(dtype) if dtype.itemsize == 2 else (
-        bits.to(torch.int64 if dtype.itemsize == 8 else torch.int32) * 65537).view(dtype)
+    bits = torch.randint(-(2**15), 2**15, shape, generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    tensor = (
+        bits.to(torch.int16).view(dtype)
+        if dtype.itemsize == 2
+        else (bits.to(torch.int64 if dtype.itemsize == 8 else torch.int32) * 65537).view(dtype)
+    )
     integers = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
     for count in (1, 2, 3):
         threads(count)
@@ -216,10 +230,12 @@ def test_channels_last_copies_keep_every_bit(dtype, shape, threads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("padding, align_corners, channels", [("zeros", False, 16), ("border", True, 17),
-                                                              ("reflection", False, 19)])
-def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, align_corners, channels, threads,
-                                                                 monkeypatch):
+@pytest.mark.parametrize(
+    "padding, align_corners, channels", [("zeros", False, 16), ("border", True, 17), ("reflection", False, 19)]
+)
+def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(
+    dtype, padding, align_corners, channels, threads, monkeypatch
+):
     """NCDHW data with many channels on a smooth grid: the channels-last kernels on copies, the same bits.
 
     Against the NCDHW kernels (``tuning.COPIED_CHANNELS`` and ``COPIED_HALF_CHANNELS`` out
@@ -246,15 +262,17 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
     monkeypatch.setattr(transpose, "to_channels_last", counted)
 
     def both(copied: bool):
-        monkeypatch.setattr(tuning, "COPIED_CHANNELS", 16 if copied else 10 ** 9)
-        monkeypatch.setattr(tuning, "COPIED_HALF_CHANNELS", 8 if copied else 10 ** 9)
+        monkeypatch.setattr(tuning, "COPIED_CHANNELS", 16 if copied else 10**9)
+        monkeypatch.setattr(tuning, "COPIED_HALF_CHANNELS", 8 if copied else 10**9)
         copies.clear()
         results = []
         for mask in ((True, True), (True, False), (False, True)):
-            results += gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, align_corners,
-                                                  output_mask=mask, backend="numba")
-            results += gs.warp3d_backward(warp_grad, x, displacement, "bilinear", padding, align_corners,
-                                          output_mask=mask, backend="numba")
+            results += gs.grid_sampler3d_backward(
+                grad, x, grid, "bilinear", padding, align_corners, output_mask=mask, backend="numba"
+            )
+            results += gs.warp3d_backward(
+                warp_grad, x, displacement, "bilinear", padding, align_corners, output_mask=mask, backend="numba"
+            )
         return results, len(copies)
 
     for count in (1, 2, 3):
@@ -266,15 +284,17 @@ def test_a_many_channel_backward_on_copies_gives_the_ncdhw_bits(dtype, padding, 
             assert (a is None and b is None) or (_equal(a, b) and a.stride() == b.stride())
     # Half data from 8 channels on (its NCDHW kernels read float64 copies), float32 from 16
     copies.clear()
-    gs.grid_sampler3d_backward(grad[:, :8].contiguous(), x[:, :8].contiguous(), grid, "bilinear", padding,
-                               align_corners, backend="numba")
+    gs.grid_sampler3d_backward(
+        grad[:, :8].contiguous(), x[:, :8].contiguous(), grid, "bilinear", padding, align_corners, backend="numba"
+    )
     assert len(copies) == (0 if dtype == torch.float32 else 2)
     # Not taken: a random grid (every channel's plane at once), float64, a view that is not dense
     copies.clear()
     random_grid = (torch.rand(grid.shape, generator=torch.Generator().manual_seed(3)) * 2.2 - 1.1).to(dtype)
     gs.grid_sampler3d_backward(grad, x, random_grid, "bilinear", padding, align_corners, backend="numba")
-    gs.grid_sampler3d_backward(grad.double(), x.double(), grid.double(), "bilinear", padding, align_corners,
-                               backend="numba")
+    gs.grid_sampler3d_backward(
+        grad.double(), x.double(), grid.double(), "bilinear", padding, align_corners, backend="numba"
+    )
     gs.grid_sampler3d_backward(grad, x[:, :, :, :, :8], grid, "bilinear", padding, align_corners, backend="numba")
     assert copies == []
 
@@ -293,14 +313,22 @@ def test_every_way_of_reading_the_grid_gives_the_same_bits(mode, threads):
     as_rows = displacement.permute(0, 2, 3, 4, 1).contiguous()  # (N, D, H, W, 3): step 3, read element by element
     for count in (1, 2):
         threads(count)
-        runs = [(gs.grid_sampler3d(x, g, mode, "reflection", backend="numba"),
-                 *gs.grid_sampler3d_backward(grad, x, g, mode, "reflection", backend="numba"))
-                for g in (grid, planes, spaced)]
+        runs = [
+            (
+                gs.grid_sampler3d(x, g, mode, "reflection", backend="numba"),
+                *gs.grid_sampler3d_backward(grad, x, g, mode, "reflection", backend="numba"),
+            )
+            for g in (grid, planes, spaced)
+        ]
         for other in runs[1:]:
             assert all(_equal(a, b) for a, b in zip(runs[0], other))
-        warps = [(gs.warp3d(x, d, mode, "border", displacement_format=f, backend="numba"),
-                  *gs.warp3d_backward(warp_grad, x, d, mode, "border", displacement_format=f, backend="numba"))
-                 for d, f in ((displacement, "N3DHW"), (as_rows, "NDHW3"))]
+        warps = [
+            (
+                gs.warp3d(x, d, mode, "border", displacement_format=f, backend="numba"),
+                *gs.warp3d_backward(warp_grad, x, d, mode, "border", displacement_format=f, backend="numba"),
+            )
+            for d, f in ((displacement, "N3DHW"), (as_rows, "NDHW3"))
+        ]
         (y, dx, ddisplacement), (y_rows, dx_rows, ddisplacement_rows) = warps
         assert _equal(y, y_rows) and _equal(dx, dx_rows)
         assert _equal(ddisplacement, ddisplacement_rows.permute(0, 4, 1, 2, 3))
@@ -319,6 +347,7 @@ def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
     """Serial and parallel launches pass every record to Numba's dispatcher as a plain tuple (records.unnamed): it
     fingerprints a named one in Python at every call, and a named one would compile the kernel again."""
     from conftest import DEFAULT_PARALLEL_VALUES
+
     from gridsampler3d.cpu import tuning
     from gridsampler3d.cpu.records import Operand, unnamed
 
@@ -334,8 +363,10 @@ def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
         monkeypatch.setattr(tuning, "PARALLEL_VALUES", parallel_values)
         gs.grid_sampler3d(x, grid, backend="numba")
         gs.grid_sampler3d_backward(grad, x, grid, backend="numba")
-    for kernel in (forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False),
-                   backward_kernel(Sampling(), FieldKind.GRID, False, False, channels_last=False)):
+    for kernel in (
+        forward_kernel(Sampling(), FieldKind.GRID, False, channels_last=False),
+        backward_kernel(Sampling(), FieldKind.GRID, False, False, channels_last=False),
+    ):
         assert kernel.signatures
         for signature in kernel.signatures:
             assert not [named for kind in signature for named in _named_tuple_types(kind)], signature
@@ -346,6 +377,7 @@ def test_small_calls_run_serially_with_the_same_bits(threads, monkeypatch):
     above it, the forward's rows run as tuning.SHARED_RUNS runs per thread (runs of at least tuning.RUN_VALUES
     values). The bits are the same either way."""
     from conftest import DEFAULT_PARALLEL_VALUES
+
     from gridsampler3d.cpu import pool, tuning
 
     grad, x, grid = make_case(1, 2, (9, 8, 7), (6, 7, 8), torch.float32)
@@ -380,6 +412,7 @@ def test_small_calls_equal_the_golden(attributes, data_format, monkeypatch):
     """The serial route of small calls (one walk for both outputs, scratch kept between calls): float64 bitwise
     PyTorch's, every output mask, far and non-finite coordinates included."""
     from conftest import DEFAULT_PARALLEL_VALUES
+
     from gridsampler3d.cpu import tuning
 
     mode, padding, align_corners = attributes
@@ -392,15 +425,17 @@ def test_small_calls_equal_the_golden(attributes, data_format, monkeypatch):
     golden = precision.golden_backward(grad, x, grid, mode, padding, align_corners)
     for mask in ((True, True), (True, False), (False, True)):
         for repeat in range(2):  # the second call runs on the kept scratch
-            ours = gs.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, output_mask=mask,
-                                              backend="numba")
+            ours = gs.grid_sampler3d_backward(
+                grad, x, grid, mode, padding, align_corners, output_mask=mask, backend="numba"
+            )
             for mine, gold, wanted in zip(ours, golden, mask):
                 assert (mine is None) if not wanted else _equal(mine, gold), (mask, repeat)
     if data_format == "NDHWC":
         x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
     y = gs.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=data_format, backend="numba")
-    expected = precision.golden_forward(x if data_format == "NCDHW" else x.permute(0, 4, 1, 2, 3), grid, mode,
-                                        padding, align_corners)
+    expected = precision.golden_forward(
+        x if data_format == "NCDHW" else x.permute(0, 4, 1, 2, 3), grid, mode, padding, align_corners
+    )
     assert _equal(y if data_format == "NCDHW" else y.permute(0, 4, 1, 2, 3), expected)
 
 
@@ -419,13 +454,26 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     geometry = Geometry(batch, channels, sizes, out_sizes)
     rows = batch * out_sizes[0] * out_sizes[1]
     row_first, row_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_operand, geometry, coordinate_rule(sampling, FieldKind.GRID), (1, True), RowRanges(row_first, row_last), slabs)
+    depth_ranges(
+        grid_operand,
+        geometry,
+        coordinate_rule(sampling, FieldKind.GRID),
+        (1, True),
+        RowRanges(row_first, row_last),
+        slabs,
+    )
     assert (row_first != -7).all() and (row_last >= row_first).all()
     # Rows between the sampled ones take their range from their extreme z values (zeros,
     # border): the same range as point by point.
     scanned_first, scanned_last = (np.full(rows, -7, np.int64) for _ in range(2))
-    depth_ranges(grid_operand, geometry, coordinate_rule(sampling, FieldKind.GRID), (3, True),
-                 RowRanges(scanned_first, scanned_last), 2)
+    depth_ranges(
+        grid_operand,
+        geometry,
+        coordinate_rule(sampling, FieldKind.GRID),
+        (3, True),
+        RowRanges(scanned_first, scanned_last),
+        2,
+    )
     assert np.array_equal(scanned_first, row_first) and np.array_equal(scanned_last, row_last)
     reach = 1 if mode == "nearest" else 2
     parts = plan_slabs(row_first, row_last, batch, sizes[0], sizes[1] * sizes[2], out_sizes[2], reach, slabs)
@@ -434,19 +482,29 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     # fused: one part computes both; split: dgrid by rows, then dx by slabs (the engine runs
     # these two side by side for smooth grids, and one after the other for random ones)
     whole = np.array([[0, batch * sizes[0], 0, rows]], np.int64)
-    fused_and_split = [[(whole, True, True)],
-                       [(row_parts(rows, batch * sizes[0], slabs), False, True), (parts, True, False)]]
+    fused_and_split = [
+        [(whole, True, True)],
+        [(row_parts(rows, batch * sizes[0], slabs), False, True), (parts, True, False)],
+    ]
     # Every coordinate lies within two spans of the volume: no part needs the exact remainder.
     for exact, passes in itertools.product((True, False), fused_and_split):
         kernel = backward_kernel(sampling, FieldKind.GRID, exact, False)
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
-        operands = BackwardOperands(engine.operand(grad), engine.operand(x), grid_operand, engine.operand(dx),
-                                    engine.operand(dgrid))
+        operands = BackwardOperands(
+            engine.operand(grad), engine.operand(x), grid_operand, engine.operand(dx), engine.operand(dgrid)
+        )
         for work, want_dx, want_dgrid in passes:
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
-            kernel(operands, geometry, work, RowRanges(row_first, row_last), Outputs(want_dx, want_dgrid),
-                   Carry(np.empty(0), 0), unresolved)
+            kernel(
+                operands,
+                geometry,
+                work,
+                RowRanges(row_first, row_last),
+                Outputs(want_dx, want_dgrid),
+                Carry(np.empty(0), 0),
+                unresolved,
+            )
             assert not unresolved.any()
         if mode == "nearest":
             assert dgrid.isnan().all()  # nearest kernels never touch dgrid: the engine zeroes it
@@ -458,8 +516,9 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             # The separable sums associate differently: equal to the golden to float64 rounding.
             torch.testing.assert_close(dgrid, golden_dgrid, rtol=1e-12, atol=1e-12)
     y = torch.full_like(grad, float("nan"))
-    forward_kernel(sampling, FieldKind.GRID)(engine.operand(x), grid_operand, engine.operand(y), geometry, slabs,
-                                         unresolved)
+    forward_kernel(sampling, FieldKind.GRID)(
+        engine.operand(x), grid_operand, engine.operand(y), geometry, slabs, unresolved
+    )
     assert not unresolved.any()
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
 
@@ -477,8 +536,9 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
     def flags(grid):
         y = torch.empty_like(grad)
         unresolved = np.full(2, -1, np.int64)
-        forward_kernel(sampling, FieldKind.GRID)(engine.operand(x), engine.operand(grid), engine.operand(y), geometry,
-                                             2, unresolved)
+        forward_kernel(sampling, FieldKind.GRID)(
+            engine.operand(x), engine.operand(grid), engine.operand(y), geometry, 2, unresolved
+        )
         return unresolved.tolist()
 
     assert flags(grid) == [0, 0]  # within two spans (|coordinate| < 3 here)
@@ -511,10 +571,26 @@ def test_one_pass_rounding_is_bitwise_the_reference_rounding(dtype):
     values.view(-1)[7::29] = -1e300
     values.view(-1)[9::31] = 0.0
     # ties of both half types, just above them, and subnormals of float32
-    edges = torch.tensor([1 + 2**-8, 1 + 2**-8 + 2**-40, 1 + 2**-11, 1 + 2**-11 + 2**-40, -(1 + 2**-8 + 2**-45),
-                          2**-140, 2**-149 * 1.5, -(2**-24) * 1.5], dtype=torch.float64)
-    for tensor in (values, values.contiguous(memory_format=torch.channels_last_3d), values[:, :, ::2],
-                   values.permute(0, 2, 3, 4, 1), edges):
+    edges = torch.tensor(
+        [
+            1 + 2**-8,
+            1 + 2**-8 + 2**-40,
+            1 + 2**-11,
+            1 + 2**-11 + 2**-40,
+            -(1 + 2**-8 + 2**-45),
+            2**-140,
+            2**-149 * 1.5,
+            -(2**-24) * 1.5,
+        ],
+        dtype=torch.float64,
+    )
+    for tensor in (
+        values,
+        values.contiguous(memory_format=torch.channels_last_3d),
+        values[:, :, ::2],
+        values.permute(0, 2, 3, 4, 1),
+        edges,
+    ):
         ours, reference = engine.round_in_parts(tensor, dtype), reference_round_once(tensor, dtype)
         assert ours.dtype == dtype and ours.stride() == reference.stride()
         assert torch.equal(ours.view(torch.int16), reference.view(torch.int16))
@@ -529,7 +605,10 @@ def test_smooth_and_random_grids_are_told_apart():
     # a smooth and a random displacement in voxels (the fused warp), (N, 3, D, H, W)
     smooth = inputs.smooth_displacement(1, 32, magnitude=0.1).permute(0, 4, 1, 2, 3) * 16
     scattered = 16 * torch.rand(1, 3, 32, 32, 32, generator=torch.Generator().manual_seed(5)) - 8
-    verdicts += [looks_coherent(Field.displacement(field), 32, Sampling.parse("nearest", "zeros", True), 1) for field in (smooth, scattered)]
+    verdicts += [
+        looks_coherent(Field.displacement(field), 32, Sampling.parse("nearest", "zeros", True), 1)
+        for field in (smooth, scattered)
+    ]
     assert verdicts == [True, True, False, False, True, False]
 
 
@@ -579,8 +658,11 @@ def _vector_code_counts(kernel, dtype=numba.float32) -> tuple[int, int, int]:
     return packed, len(re.findall(r"\bv(?:p)?gather", assembly)), overlap_tests
 
 
-@pytest.mark.parametrize("padding, field", [("zeros", FieldKind.GRID), ("reflection", FieldKind.GRID),
-                                            ("border", FieldKind.DISPLACEMENT)], ids=["zeros", "reflection", "warp-border"])
+@pytest.mark.parametrize(
+    "padding, field",
+    [("zeros", FieldKind.GRID), ("reflection", FieldKind.GRID), ("border", FieldKind.DISPLACEMENT)],
+    ids=["zeros", "reflection", "warp-border"],
+)
 def test_hot_loops_stay_vectorised(padding, field):
     """The block loops compile to SIMD arithmetic with hardware gathers (grid and fused-warp kernels).
 
@@ -597,14 +679,20 @@ def test_hot_loops_stay_vectorised(padding, field):
         gs.grid_sampler3d_backward(grad, x, grid, "bilinear", padding, backend="numba")
     sampling = Sampling.parse("bilinear", padding, field == FieldKind.DISPLACEMENT)
     # The arguments exactly as the engine passes them (the factories cache on them).
-    for kernel in (forward_kernel(sampling, field, False, channels_last=False),
-                   backward_kernel(sampling, field, False, False, channels_last=False)):
+    for kernel in (
+        forward_kernel(sampling, field, False, channels_last=False),
+        backward_kernel(sampling, field, False, False, channels_last=False),
+    ):
         packed, gathers, overlap_tests = _vector_code_counts(kernel)
         # Vectorised, these kernels hold 45 to 80 such operations and 19 to 42 gathers; the
         # backward with its loops turned scalar (an alias in its parallel body) held 12 and 2.
         # Where gathers are slow the taps load lane by lane: none at all (docs/cpu.md, "Gathers").
-        assert packed >= 30 and (gathers >= 8 if gathers_in_use() else gathers == 0), \
-            (kernel.py_func.__qualname__, packed, gathers, gathers_in_use())
+        assert packed >= 30 and (gathers >= 8 if gathers_in_use() else gathers == 0), (
+            kernel.py_func.__qualname__,
+            packed,
+            gathers,
+            gathers_in_use(),
+        )
         # With scratch arrays allocated in the kernel, or helpers compiled without
         # noalias, LLVM guarded the loops with 3 to 13 overlap tests, which failed by the
         # chance of the heap layout and ran the loops' scalar copies (docs/cpu.md).
@@ -664,19 +752,29 @@ def test_gather_and_scalar_load_builds_agree(tmp_path):
     grad, x, grid = (tensor.float() for tensor in case)
     torch.save((grad, x, grid), tmp_path / "case.pt")
     other_cpu = "znver4" if gathers_in_use() else "skylake-avx512"
-    environment = {**os.environ, "NUMBA_CPU_NAME": other_cpu,
-                   "NUMBA_CPU_FEATURES": numba.core.codegen.get_host_cpu_features(),
-                   "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    result = subprocess.run([sys.executable, "-c", _OTHER_BUILD, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
-                            env=environment, capture_output=True, text=True, timeout=600)
+    environment = {
+        **os.environ,
+        "NUMBA_CPU_NAME": other_cpu,
+        "NUMBA_CPU_FEATURES": numba.core.codegen.get_host_cpu_features(),
+        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _OTHER_BUILD, str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["gathers_in_use"] is not gathers_in_use()
     # The build without gathers has none; the one with them gathers in every kernel.
     assert all(count >= 8 for count in report["gathers"]) if report["gathers_in_use"] else report["gathers"] == [0, 0]
     y, dx, dgrid = torch.load(tmp_path / "out.pt")
-    ours = (gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba"),
-            *gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", backend="numba"))
+    ours = (
+        gs.grid_sampler3d(x, grid, "bilinear", "zeros", backend="numba"),
+        *gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", backend="numba"),
+    )
     for theirs, mine in zip((y, dx, dgrid), ours):
         assert _equal(theirs, mine)
 
@@ -691,8 +789,9 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
     def compile_forward(padding, align_corners):
         """Compile the mode's forward kernel anew (not from the disk cache, which would type no helper)."""
         gs.grid_sampler3d(x, grid, "bilinear", padding, align_corners, backend="numba")
-        kernel = forward_kernel(Sampling.parse("bilinear", padding, align_corners), FieldKind.GRID, False,
-                                channels_last=False)
+        kernel = forward_kernel(
+            Sampling.parse("bilinear", padding, align_corners), FieldKind.GRID, False, channels_last=False
+        )
         signature = next(signature for signature in kernel.signatures if _data_dtype(signature) == numba.float32)
         part_kernel(kernel.py_func, cache=False).compile(signature)
 
@@ -708,8 +807,17 @@ def test_helpers_compile_once_per_type_not_once_per_mode():
 def test_grid_gradient_cancels_as_pytorch_does():
     """The separable sums take differences first, so constant data cancels exactly, as in PyTorch."""
     grad, x, grid = cancelling_channels_last_case()
-    assert_backward_matches(grad, x, grid, "bilinear", "reflection", True, data_format="NDHWC", backend="numba",
-                            label="channels-last cancellation")
+    assert_backward_matches(
+        grad,
+        x,
+        grid,
+        "bilinear",
+        "reflection",
+        True,
+        data_format="NDHWC",
+        backend="numba",
+        label="channels-last cancellation",
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -766,8 +874,9 @@ def test_offsets_beyond_int32(tmp_path):
     depth, height, width = 1024, 1024, 2049
     assert depth * height * width > 2**31
     # A sparse memory-mapped file: only the pages touched become resident.
-    x_array = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32,
-                                        shape=(1, 1, depth, height, width))
+    x_array = np.lib.format.open_memmap(
+        tmp_path / "x.npy", mode="w+", dtype=np.float32, shape=(1, 1, depth, height, width)
+    )
     x_array[0, 0, -1, -1, -1] = 3.0
     x = torch.from_numpy(x_array)
     grid = torch.ones(1, 2, 2, 2, 3)  # every point at the far corner (align_corners: exactly voxel S - 1)

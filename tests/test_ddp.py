@@ -1,10 +1,12 @@
 """grid_sample under DistributedDataParallel: 2 gloo processes train like one process."""
+
 import gc
 import os
 import socket
 
 import torch
 import torch.distributed as dist
+
 # torch.distributed.nn binds group.WORLD into its functions' default arguments when it is
 # imported. Imported later (building an optimiser imports it through torch._dynamo), it
 # would hold the live group, so destroy_process_group could not free it: gloo's threads

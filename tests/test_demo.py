@@ -1,4 +1,5 @@
 """The `gridsampler3d demo` command: a small registration that must improve the overlap."""
+
 import json
 
 import pytest
@@ -33,11 +34,14 @@ def test_demo_command(tmp_path, capsys):
     assert (tmp_path / "slices.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--size", "4"], "--size must be at least 8"),
-    (["--steps", "0"], "--steps must be at least 1"),
-    (["--device", "tpu"], "--device must be cpu or cuda"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--size", "4"], "--size must be at least 8"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--device", "tpu"], "--device must be cpu or cuda"),
+    ],
+)
 def test_demo_errors_are_one_line(tmp_path, capsys, arguments, message):
     assert main(["demo", *arguments, "--out", str(tmp_path)]) == 2
     errors = capsys.readouterr().err.strip().splitlines()

@@ -1,4 +1,5 @@
 """The API reference (`make docs`): pdoc builds it from the docstrings, and every public name it documents has one."""
+
 import importlib
 import re
 from pathlib import Path
@@ -20,8 +21,11 @@ def _public_names(module_name: str) -> list[tuple[str, pdoc.doc.Doc]]:
         member = documented.members[name]
         names.append((name, member))
         if isinstance(member, pdoc.doc.Class):
-            names += [(f"{name}.{method.name}", method) for method in member.own_members
-                      if isinstance(method, pdoc.doc.Function) and not method.name.startswith("_")]
+            names += [
+                (f"{name}.{method.name}", method)
+                for method in member.own_members
+                if isinstance(method, pdoc.doc.Function) and not method.name.startswith("_")
+            ]
     return names
 
 

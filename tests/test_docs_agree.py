@@ -19,6 +19,7 @@ What counts as a citation is a short list of patterns, so that prose is never ta
 
 Each test reports every disagreement it finds at once.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,12 +38,18 @@ def _benchmarks_header() -> str:
     return (ROOT / "BENCHMARKS.md").read_text().split("\n## ", 1)[0]
 
 
-DOCS = {"README.md": (ROOT / "README.md").read_text(), "BENCHMARKS.md": _benchmarks_header(),
-        "benchmarks/README.md": (ROOT / "benchmarks" / "README.md").read_text(),
-        **{f"docs/{path.name}": path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}}
+DOCS = {
+    "README.md": (ROOT / "README.md").read_text(),
+    "BENCHMARKS.md": _benchmarks_header(),
+    "benchmarks/README.md": (ROOT / "benchmarks" / "README.md").read_text(),
+    **{f"docs/{path.name}": path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))},
+}
 # The subpackage a page describes: a bare module name there means that engine's module.
-PAGE_PACKAGE = {"docs/cpu.md": "gridsampler3d.cpu", "docs/runtime.md": "gridsampler3d.cpu",
-                "docs/gpu.md": "gridsampler3d.gpu"}
+PAGE_PACKAGE = {
+    "docs/cpu.md": "gridsampler3d.cpu",
+    "docs/runtime.md": "gridsampler3d.cpu",
+    "docs/gpu.md": "gridsampler3d.gpu",
+}
 FILE_SUFFIXES = ("py", "md", "sh", "toml", "json", "npy", "bin", "png", "onnx", "txt", "html", "in")
 
 
@@ -58,8 +65,9 @@ def _modules() -> dict[str, list[str]]:
 
 
 MODULES = _modules()
-NAME = re.compile(r"(?<![\w/.`-])((?:gs|" + "|".join(sorted(MODULES, key=len, reverse=True))
-                  + r")(?:\.[A-Za-z_*][\w*]*)+)")
+NAME = re.compile(
+    r"(?<![\w/.`-])((?:gs|" + "|".join(sorted(MODULES, key=len, reverse=True)) + r")(?:\.[A-Za-z_*][\w*]*)+)"
+)
 PATH = re.compile(r"(?<![\w/.-])((?:benchmarks|tests|docs|gridsampler3d)/[\w./-]*?\.(?:py|md|sh|png))(?![\w])")
 PACKAGE_PATH = re.compile(r"(?<![\w/.-])((?:cpu|gpu|commands|bench)/\w+\.py)(?![\w])")
 BARE_FILE = re.compile(r"^[\w-]+\.(?:py|sh|toml)$")  # sources; a bare .md may be an output (gpu_check.md)
@@ -199,8 +207,14 @@ def _anchors(path: Path) -> set[str]:
 
 
 def test_every_cited_name_resolves():
-    unresolved = sorted({f"{page}:{line}: {name}" for page, text in DOCS.items()
-                         for line, name in _cited_names(text) if not _resolves(name, page)})
+    unresolved = sorted(
+        {
+            f"{page}:{line}: {name}"
+            for page, text in DOCS.items()
+            for line, name in _cited_names(text)
+            if not _resolves(name, page)
+        }
+    )
     assert not unresolved, "names the docs cite that the package lacks:\n" + "\n".join(unresolved)
 
 
@@ -240,14 +254,22 @@ READERS = {"gridsampler3d", "numba", "triton", "torch"}
 
 def _string_constants(tree: ast.Module) -> dict[str, str]:
     """A module's top-level names bound to a string (``ENVIRONMENT_VARIABLE = "GRIDSAMPLER3D_AUTOTUNE"``)."""
-    return {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-            for target in node.targets if isinstance(target, ast.Name)}
+    return {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
 
 def _is_os_environ(node) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) \
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "environ"
+        and isinstance(node.value, ast.Name)
         and node.value.id == "os"
+    )
 
 
 def _numba_config_names(tree: ast.Module) -> set[str]:
@@ -279,17 +301,26 @@ def package_environment() -> dict[str, set[str]]:
             found = None
             if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
                 if (node.func.attr == "get" and _is_os_environ(node.func.value)) or (
-                        node.func.attr == "getenv" and isinstance(node.func.value, ast.Name)
-                        and node.func.value.id == "os"):
+                    node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+                ):
                     found = name_of(node.args[0])
             elif isinstance(node, ast.Subscript) and _is_os_environ(node.value):
                 found = name_of(node.slice)
             elif isinstance(node, ast.Compare) and any(_is_os_environ(item) for item in node.comparators):
                 found = name_of(node.left)
-            elif isinstance(node, ast.Attribute) and node.attr.isupper() and (
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.isupper()
+                and (
                     (isinstance(node.value, ast.Name) and node.value.id in configs)
-                    or (isinstance(node.value, ast.Attribute) and node.value.attr == "config"
-                        and isinstance(node.value.value, ast.Name) and node.value.value.id == "numba")):
+                    or (
+                        isinstance(node.value, ast.Attribute)
+                        and node.value.attr == "config"
+                        and isinstance(node.value.value, ast.Name)
+                        and node.value.value.id == "numba"
+                    )
+                )
+            ):
                 found = node.attr if node.attr.startswith("NUMBA_") else f"NUMBA_{node.attr}"
             if found:
                 reads.setdefault(found, set()).add(str(path.relative_to(ROOT)))
@@ -299,8 +330,11 @@ def package_environment() -> dict[str, set[str]]:
 def _environment_table() -> dict[str, set[str]]:
     """docs/runtime.md's "Environment" table: variable -> who reads it (its "read by" column, lower case)."""
     section = DOCS["docs/runtime.md"].split("\n## Environment\n", 1)[1].split("\n## ", 1)[0]
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in section.splitlines() if line.startswith("|")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("|")
+    ]
     header = [cell.lower() for cell in rows[0]]
     assert header[:2] == ["variable", "read by"], f"docs/runtime.md's environment table has columns {header}"
     table = {}
@@ -314,14 +348,26 @@ def _environment_table() -> dict[str, set[str]]:
 def test_the_environment_table_names_every_variable_the_package_reads_and_who_reads_it():
     reads, table = package_environment(), _environment_table()
     assert {"GRIDSAMPLER3D_PLAIN_NUMBA", "GRIDSAMPLER3D_AUTOTUNE", "TRITON_INTERPRET", "NUMBA_CPU_NAME"} <= set(reads)
-    problems = [f"{name} (read in {', '.join(sorted(files))}) is not in the table"
-                for name, files in sorted(reads.items()) if name not in table]
-    problems += [f"{name}: the table says gridsampler3d reads it; the package does not"
-                 for name, readers in sorted(table.items()) if "gridsampler3d" in readers and name not in reads]
-    problems += [f"{name}: read in {', '.join(sorted(reads[name]))}, but the table's 'read by' omits gridsampler3d"
-                 for name, readers in sorted(table.items()) if name in reads and "gridsampler3d" not in readers]
-    problems += [f"{name}: 'read by' must name gridsampler3d, Numba, Triton or torch; got {sorted(readers)}"
-                 for name, readers in sorted(table.items()) if not readers or not readers <= READERS]
+    problems = [
+        f"{name} (read in {', '.join(sorted(files))}) is not in the table"
+        for name, files in sorted(reads.items())
+        if name not in table
+    ]
+    problems += [
+        f"{name}: the table says gridsampler3d reads it; the package does not"
+        for name, readers in sorted(table.items())
+        if "gridsampler3d" in readers and name not in reads
+    ]
+    problems += [
+        f"{name}: read in {', '.join(sorted(reads[name]))}, but the table's 'read by' omits gridsampler3d"
+        for name, readers in sorted(table.items())
+        if name in reads and "gridsampler3d" not in readers
+    ]
+    problems += [
+        f"{name}: 'read by' must name gridsampler3d, Numba, Triton or torch; got {sorted(readers)}"
+        for name, readers in sorted(table.items())
+        if not readers or not readers <= READERS
+    ]
     assert not problems, "docs/runtime.md's environment table disagrees with the code:\n" + "\n".join(problems)
 
 
@@ -333,6 +379,7 @@ def test_every_package_variable_the_docs_name_is_read():
 
 
 # -- outputs the docs show -------------------------------------------------------------------------------------------
+
 
 def _masked(line: str) -> str:
     """``line`` with its version numbers masked: the docs' machine and this one differ there only."""
@@ -346,8 +393,11 @@ def _backends_lines(monkeypatch, capsys) -> set[str]:
     from gridsampler3d.cpu import jit, numba_hooks, pool
 
     lines = set()
-    for hooks, reason, gathers in ((numba_hooks, None, True), (numba_hooks, None, False),
-                                   (None, "GRIDSAMPLER3D_PLAIN_NUMBA=1", True)):
+    for hooks, reason, gathers in (
+        (numba_hooks, None, True),
+        (numba_hooks, None, False),
+        (None, "GRIDSAMPLER3D_PLAIN_NUMBA=1", True),
+    ):
         for route in ("team", "workers"):
             monkeypatch.setattr(jit, "_hooks", hooks)
             monkeypatch.setattr(jit, "_plain_reason", reason)
@@ -363,8 +413,12 @@ def test_the_backends_lines_in_runtime_md_are_what_the_command_prints(monkeypatc
     assert len(shown) == 2, "docs/runtime.md shows the hooked and the plain path's line"
     printed = {_masked(line) for line in _backends_lines(monkeypatch, capsys)}
     wrong = [line for line in shown if _masked(line) not in printed]
-    assert not wrong, ("docs/runtime.md shows lines `gridsampler3d backends` does not print (versions aside):\n"
-                       + "\n".join(wrong) + "\nit prints:\n" + "\n".join(sorted(printed)))
+    assert not wrong, (
+        "docs/runtime.md shows lines `gridsampler3d backends` does not print (versions aside):\n"
+        + "\n".join(wrong)
+        + "\nit prints:\n"
+        + "\n".join(sorted(printed))
+    )
 
 
 def test_the_plans_in_cpu_md_are_what_explain_gives():
@@ -382,8 +436,9 @@ def test_the_plans_in_cpu_md_are_what_explain_gives():
         plans = []
         for case in select_cases("rand64,feat48"):
             (grad, x, grid), _ = build_inputs(case)
-            plans.append(str(gs.explain(x, grid, grad, case.mode, case.padding, case.align_corners,
-                                        data_format=case.layout)))
+            plans.append(
+                str(gs.explain(x, grid, grad, case.mode, case.padding, case.align_corners, data_format=case.layout))
+            )
     finally:
         torch.set_num_threads(threads)
     assert shown == plans
@@ -405,8 +460,12 @@ def test_the_golden_kit_verdict_is_what_compare_prints(tmp_path, capsys):
     np.save(tmp_path / "dx.npy", dx)
     np.save(tmp_path / "dgrid.npy", dgrid)
     capsys.readouterr()
-    assert cli.main(["compare", "--case", str(case), "--dx", str(tmp_path / "dx.npy"),
-                     "--dgrid", str(tmp_path / "dgrid.npy")]) == 0
+    assert (
+        cli.main(
+            ["compare", "--case", str(case), "--dx", str(tmp_path / "dx.npy"), "--dgrid", str(tmp_path / "dgrid.npy")]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip() == shown
 
 
@@ -443,19 +502,21 @@ def test_the_readme_lists_every_public_name():
     missing = [name for name in gridsampler3d.__all__ if name not in listed]
     assert not missing, f"README's API at a glance omits {', '.join(missing)}"
     for keyword in ("backend", "deterministic"):
-        assert f'`{keyword}=' in section and f"`{keyword}`" in DOCS["docs/semantics.md"]
+        assert f"`{keyword}=" in section and f"`{keyword}`" in DOCS["docs/semantics.md"]
 
 
 def test_the_make_targets_the_readme_names_exist():
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.search(r"^\.PHONY: (.+)$", makefile, flags=re.MULTILINE).group(1).split())
     named = set(re.findall(r"`make (\w+)`", DOCS["README.md"])) | set(
-        re.findall(r"^make (\w+)", DOCS["README.md"], flags=re.MULTILINE))
+        re.findall(r"^make (\w+)", DOCS["README.md"], flags=re.MULTILINE)
+    )
     assert named <= targets, f"README names make targets the Makefile lacks: {sorted(named - targets)}"
     assert {"run", "test", "demo", "bench", "docs"} <= named
     assert DOCS["README.md"].split("```", 2)[1].strip().splitlines()[:2] == [
         "make run     # dx and dgrid for the built-in 64³ case (creates .venv on first use)",
-        "make test    # the whole test suite (creates .venv on first use)"]
+        "make test    # the whole test suite (creates .venv on first use)",
+    ]
 
 
 def test_the_command_lines_the_docs_show_parse():

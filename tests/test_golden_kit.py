@@ -1,4 +1,5 @@
 """The golden kit: `gridsampler3d cases` writes case folders, `gridsampler3d compare` judges outputs."""
+
 import json
 import os
 import subprocess
@@ -13,12 +14,11 @@ import gridsampler3d as gs
 from gridsampler3d import golden_kit, precision, reference
 from gridsampler3d.cli import build_parser, main
 from gridsampler3d.golden_kit import CASE_SET, read_array, read_case, write_array
-from gridsampler3d.validate import DTYPES
 from gridsampler3d.modes import Interpolation, Padding
+from gridsampler3d.validate import DTYPES
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-FOLDERS = [golden_kit.folder_name(index, spec, dtype)
-           for index, (spec, dtype) in enumerate(golden_kit.case_set())]
+FOLDERS = [golden_kit.folder_name(index, spec, dtype) for index, (spec, dtype) in enumerate(golden_kit.case_set())]
 CASE_KEYS = {"dtype", "data_format", "interpolation_mode", "padding_mode", "align_corners", "files", "shapes"}
 # Cases the failure tests use: trilinear, so that both outputs have non-zero golden values.
 FLOAT16_CASE, BFLOAT16_CASE = FOLDERS[0], FOLDERS[9]
@@ -38,8 +38,9 @@ def _our_outputs(folder: Path, out: Path, transform=None) -> tuple[Path, Path]:
     ``transform`` (name, tensor) -> tensor changes an output before it is written.
     """
     case = read_case(folder)
-    outputs = dict(zip(("dx", "dgrid"), gs.grid_sampler3d_backward(case.grad, case.input, case.grid,
-                                                                    **case.attributes())))
+    outputs = dict(
+        zip(("dx", "dgrid"), gs.grid_sampler3d_backward(case.grad, case.input, case.grid, **case.attributes()))
+    )
     suffix = ".bin" if case.dtype == torch.bfloat16 else ".npy"
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -64,11 +65,17 @@ def _one_line_error(err: str) -> str:
 def test_case_set_covers_every_attribute_and_dtype():
     entries = golden_kit.case_set()
     assert len(entries) == len(CASE_SET) == len(set(FOLDERS))
-    covered = {field: {getattr(spec, field) for spec, _ in entries}
-               for field in ("interpolation_mode", "padding_mode", "align_corners", "data_format", "grid_kind")}
-    assert covered == {"interpolation_mode": {"bilinear", "nearest", "bicubic"},
-                       "padding_mode": {"zeros", "border", "reflection"}, "align_corners": {False, True},
-                       "data_format": {"NCDHW", "NDHWC"}, "grid_kind": {"uniform", "far", "nonfinite"}}
+    covered = {
+        field: {getattr(spec, field) for spec, _ in entries}
+        for field in ("interpolation_mode", "padding_mode", "align_corners", "data_format", "grid_kind")
+    }
+    assert covered == {
+        "interpolation_mode": {"bilinear", "nearest", "bicubic"},
+        "padding_mode": {"zeros", "border", "reflection"},
+        "align_corners": {False, True},
+        "data_format": {"NCDHW", "NDHWC"},
+        "grid_kind": {"uniform", "far", "nonfinite"},
+    }
     assert {dtype for _, dtype in entries} == set(DTYPES)
     assert any(spec.batch == 2 for spec, _ in entries)
     assert any(1 in spec.input_size + spec.output_size for spec, _ in entries)
@@ -82,12 +89,21 @@ def test_case_folders_hold_what_case_json_says(cases):
     for folder, (spec, dtype) in zip(FOLDERS, golden_kit.case_set()):
         description = json.loads((cases / folder / "case.json").read_text())
         assert set(description) == CASE_KEYS, folder
-        assert (description["dtype"], description["data_format"], description["interpolation_mode"],
-                description["padding_mode"], description["align_corners"]) == (
-            dtype, spec.data_format, spec.interpolation_mode, spec.padding_mode, spec.align_corners)
+        assert (
+            description["dtype"],
+            description["data_format"],
+            description["interpolation_mode"],
+            description["padding_mode"],
+            description["align_corners"],
+        ) == (dtype, spec.data_format, spec.interpolation_mode, spec.padding_mode, spec.align_corners)
         suffix = ".bin" if dtype == "bfloat16" else ".npy"
-        assert description["files"] == {"grad": "grad" + suffix, "input": "input" + suffix, "grid": "grid" + suffix,
-                                        "dx_golden": "dx_golden.npy", "dgrid_golden": "dgrid_golden.npy"}
+        assert description["files"] == {
+            "grad": "grad" + suffix,
+            "input": "input" + suffix,
+            "grid": "grid" + suffix,
+            "dx_golden": "dx_golden.npy",
+            "dgrid_golden": "dgrid_golden.npy",
+        }
         shapes = description["shapes"]
         assert set(shapes) == {"grad", "input", "grid", "dx", "dgrid"}
         assert shapes["dx"] == shapes["input"] and shapes["dgrid"] == shapes["grid"]
@@ -133,17 +149,24 @@ def test_the_grid_kinds_are_what_they_say(cases):
 def _pytorch_float64_backward(case):
     """PyTorch's float64 CPU backward (this library's float64 reference for bicubic), called directly."""
     channels_last = case.data_format == "NDHWC"
-    grad, x = (tensor.double().permute(0, 4, 1, 2, 3) if channels_last else tensor.double()
-               for tensor in (case.grad, case.input))
+    grad, x = (
+        tensor.double().permute(0, 4, 1, 2, 3) if channels_last else tensor.double()
+        for tensor in (case.grad, case.input)
+    )
     grid = case.grid.double()
     padding = int(Padding[case.padding_mode.upper()])
     if case.interpolation_mode == "bicubic":
-        dx, dgrid = (torch.from_numpy(array) for array in reference.grid_sampler3d_bwd(
-            grad.numpy(), x.numpy(), grid.numpy(), Interpolation.BICUBIC, Padding(padding), case.align_corners))
+        dx, dgrid = (
+            torch.from_numpy(array)
+            for array in reference.grid_sampler3d_bwd(
+                grad.numpy(), x.numpy(), grid.numpy(), Interpolation.BICUBIC, Padding(padding), case.align_corners
+            )
+        )
     else:
         interpolation = int(Interpolation[case.interpolation_mode.upper()])
-        dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(grad, x, grid, interpolation, padding,
-                                                            case.align_corners, [True, True])
+        dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(
+            grad, x, grid, interpolation, padding, case.align_corners, [True, True]
+        )
     return (dx.permute(0, 2, 3, 4, 1) if channels_last else dx), dgrid
 
 
@@ -158,8 +181,9 @@ def test_golden_files_equal_pytorch_float64_backward(cases):
 
 
 def test_bfloat16_round_trips_through_bin(cases, tmp_path):
-    values = torch.tensor([1.0, -2.5, 3.0e38, 1.0e-40, float("inf"), float("-inf"), float("nan"), 0.0078125],
-                          dtype=torch.bfloat16).reshape(2, 4)
+    values = torch.tensor(
+        [1.0, -2.5, 3.0e38, 1.0e-40, float("inf"), float("-inf"), float("nan"), 0.0078125], dtype=torch.bfloat16
+    ).reshape(2, 4)
     write_array(tmp_path / "values.bin", values)
     raw = (tmp_path / "values.bin").read_bytes()
     assert len(raw) == 2 * values.numel()
@@ -177,8 +201,9 @@ def test_bfloat16_round_trips_through_bin(cases, tmp_path):
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_this_librarys_outputs_pass(cases, tmp_path, capsys, folder):
     dx, dgrid = _our_outputs(cases / folder, tmp_path)
-    code, out, err = _compare(capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid,
-                              "--json", tmp_path / "verdict.json")
+    code, out, err = _compare(
+        capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid, "--json", tmp_path / "verdict.json"
+    )
     assert code == 0, out + err
     assert out.strip().endswith("verdict: PASS") and "FAIL" not in out
     verdict = json.loads((tmp_path / "verdict.json").read_text())
@@ -194,8 +219,9 @@ def test_this_librarys_outputs_pass(cases, tmp_path, capsys, folder):
 @pytest.mark.parametrize("folder", [FLOAT16_CASE, BFLOAT16_CASE])
 def test_outputs_scaled_by_five_percent_fail(cases, tmp_path, capsys, folder):
     dx, dgrid = _our_outputs(cases / folder, tmp_path, lambda name, tensor: (tensor.double() * 1.05).to(tensor.dtype))
-    code, out, _ = _compare(capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid,
-                            "--json", tmp_path / "verdict.json")
+    code, out, _ = _compare(
+        capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid, "--json", tmp_path / "verdict.json"
+    )
     assert code == 1, out
     assert "verdict: FAIL (dx MARE, dx MERE, dx RMSE, dgrid MARE, dgrid MERE, dgrid RMSE)" in out
     verdict = json.loads((tmp_path / "verdict.json").read_text())
@@ -212,8 +238,9 @@ def test_a_nan_where_the_golden_is_finite_fails(cases, tmp_path, capsys):
 
     assert np.isfinite(np.load(cases / FLOAT16_CASE / "dx_golden.npy").reshape(-1)[0])
     dx, dgrid = _our_outputs(cases / FLOAT16_CASE, tmp_path, poison)
-    code, out, _ = _compare(capsys, "--case", cases / FLOAT16_CASE, "--dx", dx, "--dgrid", dgrid,
-                            "--json", tmp_path / "verdict.json")
+    code, out, _ = _compare(
+        capsys, "--case", cases / FLOAT16_CASE, "--dx", dx, "--dgrid", dgrid, "--json", tmp_path / "verdict.json"
+    )
     assert code == 1, out
     assert out.strip().endswith("verdict: FAIL (dx non-finite)")
     row = next(line for line in out.splitlines() if line.startswith("dx") and "non-finite" in line)
@@ -237,8 +264,10 @@ def test_a_truncated_bin_is_unusable(cases, tmp_path, capsys):
     code, _, err = _compare(capsys, "--case", cases / BFLOAT16_CASE, "--dx", dx, "--dgrid", dgrid)
     assert code == 2
     shape = tuple(json.loads((cases / BFLOAT16_CASE / "case.json").read_text())["shapes"]["dgrid"])
-    assert (f"--dgrid: {dgrid} has {size - 2} bytes; expected {size} (shape {shape} of bfloat16, 2 bytes each, "
-            "little-endian)") in _one_line_error(err)
+    assert (
+        f"--dgrid: {dgrid} has {size - 2} bytes; expected {size} (shape {shape} of bfloat16, 2 bytes each, "
+        "little-endian)"
+    ) in _one_line_error(err)
 
 
 class _Tripwire:
@@ -259,13 +288,18 @@ def test_unusable_inputs_exit_2_with_one_line(cases, tmp_path, capsys):
     case = ["--case", cases / FLOAT16_CASE]
     expectations = [
         ((*case, "--dx", tmp_path / "missing.npy"), f"--dx: no such file: {tmp_path / 'missing.npy'}"),
-        ((*case, "--dx", tmp_path / "pickled.npy"), f"--dx: {tmp_path / 'pickled.npy'} holds pickled Python objects, "
-                                                    "which are never unpickled; expected a float16 array"),
+        (
+            (*case, "--dx", tmp_path / "pickled.npy"),
+            f"--dx: {tmp_path / 'pickled.npy'} holds pickled Python objects, "
+            "which are never unpickled; expected a float16 array",
+        ),
         ((*case, "--dx", tmp_path / "dx32.npy"), f"--dx: {tmp_path / 'dx32.npy'} holds float32; expected float16"),
         ((*case, "--dx", tmp_path / "dx.txt"), "must be a .npy file or a raw little-endian .bin file"),
         ((*case,), "nothing to judge: give --dx, --dgrid or both"),
-        ((*case, "--dx", dx, "--padding-mode", "border"), "--case gives the inputs, the attributes and the dtype; "
-                                                         "drop --padding-mode"),
+        (
+            (*case, "--dx", dx, "--padding-mode", "border"),
+            "--case gives the inputs, the attributes and the dtype; drop --padding-mode",
+        ),
         (("--case", tmp_path, "--dx", dx), f"--case: no case.json in {tmp_path}"),
         (("--grad", dx, "--dx", dx), "give --case, or --grad, --input and --grid; missing --input, --grid"),
     ]
@@ -278,8 +312,12 @@ def test_unusable_inputs_exit_2_with_one_line(cases, tmp_path, capsys):
 
 def test_a_bfloat16_npy_output_is_refused_with_the_way_out(cases, tmp_path, capsys):
     dx, _ = _our_outputs(cases / BFLOAT16_CASE, tmp_path)
-    np.save(tmp_path / "dx.npy", read_array(dx, label="test", dtype=torch.bfloat16,
-                                            shape=read_case(cases / BFLOAT16_CASE).input.shape).float().numpy())
+    np.save(
+        tmp_path / "dx.npy",
+        read_array(dx, label="test", dtype=torch.bfloat16, shape=read_case(cases / BFLOAT16_CASE).input.shape)
+        .float()
+        .numpy(),
+    )
     code, _, err = _compare(capsys, "--case", cases / BFLOAT16_CASE, "--dx", tmp_path / "dx.npy")
     assert code == 2
     assert "holds float32; expected bfloat16; .npy cannot hold bfloat16: write raw little-endian .bin" in err
@@ -292,9 +330,20 @@ def _as_npy_case(cases, folder, tmp_path) -> list[str]:
     for name in ("grad", "input", "grid"):
         tensor = getattr(case, name)
         np.save(tmp_path / f"{name}.npy", (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy())
-    flags = ["--grad", tmp_path / "grad.npy", "--input", tmp_path / "input.npy", "--grid", tmp_path / "grid.npy",
-             "--interpolation-mode", case.interpolation_mode, "--padding-mode", case.padding_mode,
-             "--data-format", case.data_format]
+    flags = [
+        "--grad",
+        tmp_path / "grad.npy",
+        "--input",
+        tmp_path / "input.npy",
+        "--grid",
+        tmp_path / "grid.npy",
+        "--interpolation-mode",
+        case.interpolation_mode,
+        "--padding-mode",
+        case.padding_mode,
+        "--data-format",
+        case.data_format,
+    ]
     return flags + (["--align-corners"] if case.align_corners else [])
 
 
@@ -307,8 +356,10 @@ def test_flags_in_place_of_a_case_give_the_same_verdict(cases, tmp_path, capsys,
         code, _, err = _compare(capsys, *flags, "--dx", dx)
         assert code == 2 and "of float32, 4 bytes each" in err
         flags += ["--dtype", "bfloat16"]
-    assert _compare(capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid,
-                    "--json", tmp_path / "case.json")[0] == 0
+    assert (
+        _compare(capsys, "--case", cases / folder, "--dx", dx, "--dgrid", dgrid, "--json", tmp_path / "case.json")[0]
+        == 0
+    )
     assert _compare(capsys, *flags, "--dx", dx, "--dgrid", dgrid, "--json", tmp_path / "flags.json")[0] == 0
     assert (tmp_path / "flags.json").read_text() == (tmp_path / "case.json").read_text()
 
@@ -318,8 +369,10 @@ def test_flags_refuse_what_they_cannot_describe(cases, tmp_path, capsys):
     flags = _as_npy_case(cases, BFLOAT16_CASE, tmp_path)
     np.save(tmp_path / "grid.npy", np.load(tmp_path / "grid.npy") + np.float32(2.0**-12))
     expectations = [
-        ((*flags, "--dtype", "bfloat16", "--dx", dx),
-         f"--grid: {tmp_path / 'grid.npy'} holds float32 values that bfloat16 cannot hold exactly"),
+        (
+            (*flags, "--dtype", "bfloat16", "--dx", dx),
+            f"--grid: {tmp_path / 'grid.npy'} holds float32 values that bfloat16 cannot hold exactly",
+        ),
         ((*flags, "--dtype", "half", "--dx", dx), "--dtype must be one of float16, bfloat16, float32, float64"),
         ((*flags, "--interpolation-mode", "cubic", "--dx", dx), "interpolation_mode must be one of"),
         ((*flags[:2], "--input", dx, *flags[4:], "--dx", dx), "raw .bin, whose dtype and shape only a case folder"),
@@ -338,10 +391,11 @@ def test_one_output_alone_is_judged(cases, tmp_path, capsys):
 
 
 def test_cases_refuses_bad_arguments(tmp_path, capsys):
-    for arguments, message in [(["--count", "0"], f"count must be between 1 and {len(CASE_SET)}; got 0"),
-                               (["--dtypes", "float32,half"], "dtypes must be among float16, bfloat16, float32, "
-                                                              "float64; got half"),
-                               (["--seed", "-1"], "seed must be a non-negative integer; got -1")]:
+    for arguments, message in [
+        (["--count", "0"], f"count must be between 1 and {len(CASE_SET)}; got 0"),
+        (["--dtypes", "float32,half"], "dtypes must be among float16, bfloat16, float32, float64; got half"),
+        (["--seed", "-1"], "seed must be a non-negative integer; got -1"),
+    ]:
         assert main(["cases", "--out", str(tmp_path), *arguments]) == 2
         assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
@@ -349,8 +403,13 @@ def test_cases_refuses_bad_arguments(tmp_path, capsys):
 
 def test_python_m_gridsampler3d_reports_one_line_and_no_traceback(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
-    result = subprocess.run([sys.executable, "-m", "gridsampler3d", "compare", "--case", str(tmp_path),
-                             "--dx", "dx.npy"], cwd=tmp_path, env=environment, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gridsampler3d", "compare", "--case", str(tmp_path), "--dx", "dx.npy"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"gridsampler3d compare: error: --case: no case.json in {tmp_path}"
 

@@ -3,6 +3,7 @@
 Without a GPU the kernels run on CPU tensors through Triton's interpreter (conftest sets
 TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly without one.
 """
+
 import dataclasses
 import fcntl
 import importlib.util
@@ -14,12 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import (
+    DTYPE_IDS,
+    DTYPES,
+    MATRIX,
+    assert_backward_matches,
+    assert_forward_matches,
+    cancelling_channels_last_case,
+    make_case,
+    matrix_id,
+)
 
 import gridsampler3d as gs
 from gridsampler3d.backends import BACKENDS
 from gridsampler3d.gpu import autotune, gathered, planner
-from helpers import (DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches,
-                     cancelling_channels_last_case, make_case, matrix_id)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -39,8 +48,9 @@ def test_deterministic_mode_matches_golden(attributes, dtype, data_format):
     mode, padding, align_corners = attributes
     grad, x, grid = _on(DEVICE, *make_case(dtype=dtype, data_format=data_format, seed=MATRIX.index(attributes)))
     label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} {data_format} triton deterministic"
-    assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label,
-                            deterministic=True)
+    assert_backward_matches(
+        grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label, deterministic=True
+    )
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
@@ -49,8 +59,18 @@ def test_many_points_per_voxel(attributes, deterministic):
     """Output three times finer than the input along each axis: up to 8 * 27 contributions per voxel."""
     mode, padding, align_corners = attributes
     grad, x, grid = _on(DEVICE, *make_case(2, 5, (3, 4, 3), (9, 11, 10), torch.float32, "NDHWC", seed=7))
-    assert_backward_matches(grad, x, grid, mode, padding, align_corners, "NDHWC", "triton",
-                            label=f"{matrix_id(attributes)} dense", deterministic=deterministic)
+    assert_backward_matches(
+        grad,
+        x,
+        grid,
+        mode,
+        padding,
+        align_corners,
+        "NDHWC",
+        "triton",
+        label=f"{matrix_id(attributes)} dense",
+        deterministic=deterministic,
+    )
     assert_forward_matches(x, grid, mode, padding, align_corners, "NDHWC", "triton", label=matrix_id(attributes))
 
 
@@ -74,10 +94,25 @@ def test_single_contribution_dx_is_the_golden_rounded_once(data_format, determin
     grad = (1e3 * torch.randn(1, channels, 4, 4, 4, generator=generator, dtype=torch.float64)).float()
     if data_format == "NDHWC":
         x, grad = x.permute(0, 2, 3, 4, 1).contiguous(), grad.permute(0, 2, 3, 4, 1).contiguous()
-    dx, _ = gs.grid_sampler3d_backward(*_on(DEVICE, grad, x, grid), "bilinear", "zeros", True,
-                                       data_format=data_format, backend="triton", deterministic=deterministic)
-    golden_dx, _ = gs.grid_sampler3d_backward(grad.double(), x.double(), grid.double(), "bilinear", "zeros", True,
-                                              data_format=data_format, backend="reference")
+    dx, _ = gs.grid_sampler3d_backward(
+        *_on(DEVICE, grad, x, grid),
+        "bilinear",
+        "zeros",
+        True,
+        data_format=data_format,
+        backend="triton",
+        deterministic=deterministic,
+    )
+    golden_dx, _ = gs.grid_sampler3d_backward(
+        grad.double(),
+        x.double(),
+        grid.double(),
+        "bilinear",
+        "zeros",
+        True,
+        data_format=data_format,
+        backend="reference",
+    )
     assert torch.equal(dx.cpu(), golden_dx.float())
 
 
@@ -126,8 +161,7 @@ def test_deterministic_half_dx_is_summed_in_float64_and_rounded_once(dtype, bits
     grid, grad = grid.view(1, 1, 1, 3, 3).to(dtype), grad.view(1, 1, 1, 1, 3).to(dtype)
     x = torch.zeros(1, 1, side, side, side, dtype=dtype)
     grad, x, grid = _on(DEVICE, grad, x, grid)
-    dx, _ = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", True, backend="triton",
-                                       deterministic=True)
+    dx, _ = gs.grid_sampler3d_backward(grad, x, grid, "bilinear", "zeros", True, backend="triton", deterministic=True)
     assert dx[0, 0, 0, 0, 0].item() == 1 + 2.0**-bits
 
 
@@ -140,8 +174,9 @@ def test_deterministic_dx_sums_long_buckets_in_chunks(monkeypatch, mode):
     chunks = gathered.chunks
     monkeypatch.setattr(gathered, "chunks", lambda *args: chunked.append(chunks(*args)) or chunked[-1])
     grad, x, grid = _on(DEVICE, *make_case(1, 3, (3, 4, 3), (5, 6, 7), torch.float32, seed=9, low=-3.0, high=3.0))
-    dx, _ = assert_backward_matches(grad, x, grid, mode, "border", False, backend="triton", label="chunked",
-                                    deterministic=True)
+    dx, _ = assert_backward_matches(
+        grad, x, grid, mode, "border", False, backend="triton", label="chunked", deterministic=True
+    )
     assert chunked[0] is not None and chunked[0][1].numel() > 10
     again, _ = gs.grid_sampler3d_backward(grad, x, grid, mode, "border", backend="triton", deterministic=True)
     assert torch.equal(dx, again)
@@ -193,21 +228,26 @@ def test_no_tuning_candidate_changes_a_result(monkeypatch, candidate):
     def with_candidate(call):
         plan = planner.make_plan(call)
         tile = plan.candidates[min(candidate, len(plan.candidates) - 1)] if plan.candidates else plan.tile
-        gather = plan.gather_candidates[min(candidate, len(plan.gather_candidates) - 1)] \
-            if plan.gather_candidates else plan.gather_tile
+        gather = (
+            plan.gather_candidates[min(candidate, len(plan.gather_candidates) - 1)]
+            if plan.gather_candidates
+            else plan.gather_tile
+        )
         used.append((plan.stage, tile == plan.tile, gather == plan.gather_tile))
         return dataclasses.replace(plan, tile=tile, gather_tile=gather)
 
     outputs = {}
     for data_format in ("NCDHW", "NDHWC"):
-        grad, x, grid = _on(DEVICE, *make_case(1, 5, (4, 5, 6), (5, 6, 7), torch.float32, data_format, seed=4,
-                                               low=-1.5, high=1.5))
+        grad, x, grid = _on(
+            DEVICE, *make_case(1, 5, (4, 5, 6), (5, 6, 7), torch.float32, data_format, seed=4, low=-1.5, high=1.5)
+        )
         for patched in (False, True):
             if patched:
                 monkeypatch.setattr(engine, "make_plan", with_candidate)
             y = gs.grid_sampler3d(x, grid, data_format=data_format, backend="triton")
-            dx, dgrid = gs.grid_sampler3d_backward(grad, x, grid, data_format=data_format, backend="triton",
-                                                   deterministic=True)
+            dx, dgrid = gs.grid_sampler3d_backward(
+                grad, x, grid, data_format=data_format, backend="triton", deterministic=True
+            )
             outputs[data_format, patched] = (y, dx, dgrid)
             monkeypatch.undo()
         assert all(torch.equal(a, b) for a, b in zip(outputs[data_format, False], outputs[data_format, True]))
@@ -233,8 +273,9 @@ def test_tuned_launches_give_the_golden(monkeypatch, deterministic):
     assert_forward_matches(x, grid, backend="triton", label="tuned")
     assert_backward_matches(grad, x, grid, backend="triton", label="tuned", deterministic=deterministic)
     tuned = {entry["key"][0]: entry for entry in autotune.TUNER.report()}
-    assert set(tuned) == ({"forward bilinear", "dx_gather bilinear"} if deterministic
-                          else {"forward bilinear", "backward bilinear"})
+    assert set(tuned) == (
+        {"forward bilinear", "dx_gather bilinear"} if deterministic else {"forward bilinear", "backward bilinear"}
+    )
     assert all(entry["chosen"] == entry["candidates"][-1]["shape"] for entry in tuned.values())
 
 
@@ -276,8 +317,9 @@ def test_every_output_element_is_written(monkeypatch, mode, deterministic):
     # Points crowd into one corner: most voxels of dx receive nothing and must still be written (zeros).
     grad, x, grid = make_case(2, 3, (6, 5, 7), (4, 3, 5), torch.float32, seed=11, low=-1.0, high=-0.6)
     grad, x, grid = _on(DEVICE, grad, x, grid)
-    assert_backward_matches(grad, x, grid, mode, "zeros", False, backend="triton", label="poisoned",
-                            deterministic=deterministic)
+    assert_backward_matches(
+        grad, x, grid, mode, "zeros", False, backend="triton", label="poisoned", deterministic=deterministic
+    )
     assert_forward_matches(x, grid, mode, "zeros", False, backend="triton", label="poisoned")
 
 
@@ -307,8 +349,13 @@ def compiled(tmp_path_factory):
             environment["TRITON_DEFAULT_FP_FUSION"] = "1"
             script = Path(__file__).with_name("gpu_compile.py")
             partial = findings.with_suffix(".partial")
-            result = subprocess.run([sys.executable, str(script), "--json", str(partial)], env=environment,
-                                    capture_output=True, text=True, timeout=900)
+            result = subprocess.run(
+                [sys.executable, str(script), "--json", str(partial)],
+                env=environment,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
             partial.rename(findings)
     return json.loads(findings.read_text())
@@ -323,8 +370,11 @@ def test_every_kernel_compiles_for_a_gpu(compiled):
 
 def test_size_products_and_offsets_are_int64(compiled):
     """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
-    wrapping = {f"{record['kernel']} {record['constants']}": record["int32_multiplies"] for record in compiled
-                if record["int32_multiplies"]}
+    wrapping = {
+        f"{record['kernel']} {record['constants']}": record["int32_multiplies"]
+        for record in compiled
+        if record["int32_multiplies"]
+    }
     assert not wrapping
 
 
@@ -340,8 +390,11 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
 
 def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
     """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
-    gathers = [record for record in compiled if record["kernel"] == "dx_gather_kernel"
-               and record["pointers"]["dx"] in ("fp16", "bf16")]
+    gathers = [
+        record
+        for record in compiled
+        if record["kernel"] == "dx_gather_kernel" and record["pointers"]["dx"] in ("fp16", "bf16")
+    ]
     assert {record["pointers"]["dx"] for record in gathers} == {"fp16", "bf16"}
     for record in gathers:
         half = "f16" if record["pointers"]["dx"] == "fp16" else "bf16"
@@ -354,8 +407,12 @@ def test_check_judges_each_triton_mode_against_the_golden(monkeypatch):
     against the golden, and a fault in the deterministic mode's dx fails that mode's rows alone."""
     from gridsampler3d.commands import check
 
-    for attribute, values in (("MODES", ("bilinear",)), ("PADDINGS", ("border",)), ("ALIGN_CORNERS", (False,)),
-                              ("LAYOUTS", ("NCDHW",))):
+    for attribute, values in (
+        ("MODES", ("bilinear",)),
+        ("PADDINGS", ("border",)),
+        ("ALIGN_CORNERS", (False,)),
+        ("LAYOUTS", ("NCDHW",)),
+    ):
         monkeypatch.setattr(check, attribute, values)  # one case per dtype: the interpreter is slow
     rows = check.run_check(DEVICE, backends=["triton"], quick=True, echo=lambda line: None)
     assert sorted(row["backend"] for row in rows) == ["triton/det"] * 2 + ["triton/fast"] * 2
@@ -380,17 +437,41 @@ def test_device_check_dry_run_writes_every_phase(tmp_path):
     """benchmarks/gpu_check.py through the interpreter at tiny sizes: every phase runs and is written."""
     script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
     environment = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--scale", "0.03", "--budget", "30",
-                             "--cases", "reg256,warp256", "--out", str(tmp_path)], env=environment, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--device",
+            "cpu",
+            "--scale",
+            "0.03",
+            "--budget",
+            "30",
+            "--cases",
+            "reg256,warp256",
+            "--out",
+            str(tmp_path),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["phases_done"] == ["machine", "speed", "registers", "correctness", "determinism"]
     assert [row["case"] for row in report["speed"]] == ["reg256", "warp256"]
     for row in report["speed"]:
         assert "error" not in row, row
-        assert set(row["times_ms"]) >= {"fwd_ours", "bwd_fast", "bwd_det", "bwd_fast_dx", "bwd_det_dx",
-                                        "bwd_fast_dgrid", "bwd_torch_dgrid"}
+        assert set(row["times_ms"]) >= {
+            "fwd_ours",
+            "bwd_fast",
+            "bwd_det",
+            "bwd_fast_dx",
+            "bwd_det_dx",
+            "bwd_fast_dgrid",
+            "bwd_torch_dgrid",
+        }
     assert report["correctness"]["checked"] >= 2 and not report["correctness"]["failures"]
     assert report["determinism"]["deterministic_bitwise"]
     table = (tmp_path / "gpu_check.md").read_text()
@@ -410,8 +491,9 @@ def test_cuda_fast_mode_matches_golden(attributes, dtype, data_format):
     mode, padding, align_corners = attributes
     grad, x, grid = _on("cuda", *make_case(2, 16, (9, 10, 11), (12, 8, 9), dtype, data_format, seed=1))
     label = f"{matrix_id(attributes)} {DTYPE_IDS[dtype]} {data_format} cuda fast"
-    assert_backward_matches(grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label,
-                            deterministic=False)
+    assert_backward_matches(
+        grad, x, grid, mode, padding, align_corners, data_format, "triton", label=label, deterministic=False
+    )
     assert_forward_matches(x, grid, mode, padding, align_corners, data_format, "triton", label=label)
 
 
@@ -456,5 +538,15 @@ def test_channels_last_grid_gradient_cancels_as_pytorch_does():
     """Constant x: every grid gradient is exactly 0, as PyTorch's channels-outer sums give it, with
     grad channels 14 orders apart. Summing each tap's channel vector first left a residue."""
     grad, x, grid = cancelling_channels_last_case()
-    assert_backward_matches(grad, x, grid, "bilinear", "reflection", True, data_format="NDHWC", backend="triton",
-                            label="channels-last cancellation", deterministic=False)
+    assert_backward_matches(
+        grad,
+        x,
+        grid,
+        "bilinear",
+        "reflection",
+        True,
+        data_format="NDHWC",
+        backend="triton",
+        label="channels-last cancellation",
+        deterministic=False,
+    )

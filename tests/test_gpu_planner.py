@@ -1,26 +1,34 @@
 """The GPU engine's planner: its decisions on descriptions of calls alone (no GPU, no kernel), and the plan
 ``gridsampler3d.explain`` shows for a CUDA call made from shapes alone."""
+
 import dataclasses
 
 import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d.gpu.planner import (BUCKET_CHUNK, TRICUBIC_CHUNK_ENTRIES, DxMethod, FieldPass, GpuCall, Stage,
-                                       make_plan)
+from gridsampler3d.gpu.planner import (
+    BUCKET_CHUNK,
+    TRICUBIC_CHUNK_ENTRIES,
+    DxMethod,
+    FieldPass,
+    GpuCall,
+    Stage,
+    make_plan,
+)
 from gridsampler3d.sampling import Outputs, Sampling
 
 LARGE = (128, 128, 128)
 
 
 def backward(**fields) -> GpuCall:
-    return GpuCall(**{"stage": Stage.BACKWARD, "batch": 1, "channels": 16, "sizes": LARGE, "out_sizes": LARGE,
-                      **fields})
+    return GpuCall(
+        **{"stage": Stage.BACKWARD, "batch": 1, "channels": 16, "sizes": LARGE, "out_sizes": LARGE, **fields}
+    )
 
 
 def forward(**fields) -> GpuCall:
-    return GpuCall(**{"stage": Stage.FORWARD, "batch": 1, "channels": 16, "sizes": LARGE, "out_sizes": LARGE,
-                      **fields})
+    return GpuCall(**{"stage": Stage.FORWARD, "batch": 1, "channels": 16, "sizes": LARGE, "out_sizes": LARGE, **fields})
 
 
 def test_the_forward_walks_patches_along_the_output_rows_and_is_tuned():
@@ -65,10 +73,15 @@ def test_the_deterministic_backward_gathers_dx_per_voxel():
     assert not alone.walk and alone.dx == DxMethod.GATHERED
 
 
-@pytest.mark.parametrize("dtype, fast, deterministic", [("float32", "float32", "float32"),
-                                                        ("bfloat16", "float32", "float64"),
-                                                        ("float16", "float32", "float64"),
-                                                        ("float64", "float64", "float64")])
+@pytest.mark.parametrize(
+    "dtype, fast, deterministic",
+    [
+        ("float32", "float32", "float32"),
+        ("bfloat16", "float32", "float64"),
+        ("float16", "float32", "float64"),
+        ("float64", "float64", "float64"),
+    ],
+)
 def test_sums_are_in_the_dtypes_precision_and_half_dx_rounds_once(dtype, fast, deterministic):
     assert make_plan(backward(dtype=dtype)).dx_sums == fast
     assert make_plan(backward(dtype=dtype, deterministic=True)).dx_sums == deterministic
@@ -89,8 +102,10 @@ def test_tricubic_runs_its_flat_kernels_and_sorts_taps_for_deterministic_dx():
     plan = make_plan(backward(sampling=Sampling.parse("bicubic"), deterministic=True))
     assert plan.dx == DxMethod.SORTED_TAPS and plan.chunk == TRICUBIC_CHUNK_ENTRIES // 64
     assert plan.tile.block_w == 128 and not plan.candidates
-    assert make_plan(backward(sampling=Sampling.parse("bicubic"), dtype="float64",
-                              channels_adjacent=True)).tile.block_c == 1
+    assert (
+        make_plan(backward(sampling=Sampling.parse("bicubic"), dtype="float64", channels_adjacent=True)).tile.block_c
+        == 1
+    )
 
 
 def test_nothing_is_tuned_where_the_device_does_not_allow_it():
@@ -114,9 +129,18 @@ def test_explain_plans_a_cuda_call_from_shapes_alone():
     grid = torch.empty(2, 32, 32, 32, 3, device="meta")
     grad = torch.empty(2, 16, 32, 32, 32, device="meta")
     plan = gs.explain(x, grid, grad, "bilinear", "border", device="cuda", deterministic=True)
-    expected = make_plan(backward(batch=2, sizes=(64, 64, 64), out_sizes=(32, 32, 32), channels_adjacent=True,
-                                  sampling=Sampling.parse("bilinear", "border"), deterministic=True,
-                                  capability=plan.capability, autotune=plan.gather_tuned))
+    expected = make_plan(
+        backward(
+            batch=2,
+            sizes=(64, 64, 64),
+            out_sizes=(32, 32, 32),
+            channels_adjacent=True,
+            sampling=Sampling.parse("bilinear", "border"),
+            deterministic=True,
+            capability=plan.capability,
+            autotune=plan.gather_tuned,
+        )
+    )
     assert plan == expected
     displacement = torch.empty(1, 3, 24, 24, 24, device="meta")
     volume = torch.empty(1, 1, 24, 24, 24, device="meta")

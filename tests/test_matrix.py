@@ -1,7 +1,7 @@
 """The full attribute x dtype x layout matrix against the float64 golden, by the precision rule (docs/semantics.md)."""
+
 import pytest
 import torch
-
 from helpers import DTYPE_IDS, DTYPES, MATRIX, assert_backward_matches, assert_forward_matches, make_case, matrix_id
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.

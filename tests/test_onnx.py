@@ -3,13 +3,14 @@
 Expected values are the float64 golden (the reference backend, which is PyTorch's float64
 result bit for bit) or, where a model is run as a whole, the model itself in PyTorch.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import MATRIX, make_case, make_warp_case
 
 import gridsampler3d as gs
 from gridsampler3d import onnx as gs_onnx
-from helpers import MATRIX, make_case, make_warp_case
 
 for _module in ("onnx", "onnxruntime", "onnxscript"):
     pytest.importorskip(_module, reason=f"ONNX export needs {_module} (the 'onnx' extra: pip install -e '.[onnx]')")
@@ -18,8 +19,10 @@ import onnx  # noqa: E402
 import onnxruntime  # noqa: E402
 
 # dynamo=False asks for the TorchScript exporter on purpose, which torch 2.9 and later deprecate.
-pytestmark = [pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export"),
-              pytest.mark.filterwarnings("ignore:The feature will be removed:DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export"),
+    pytest.mark.filterwarnings("ignore:The feature will be removed:DeprecationWarning"),
+]
 
 EXPORTERS = [pytest.param(True, id="dynamo"), pytest.param(False, id="torchscript")]
 # float32 through ONNX against the float64 golden: GridSample unnormalises in float32, and the
@@ -43,8 +46,16 @@ class Sampler(torch.nn.Module):
 def export(model, inputs, path, dynamo, opset=20, **options):
     """``torch.onnx.export`` as a user calls it, inputs named input0, input1, ..."""
     names = [f"input{index}" for index in range(len(inputs))]
-    torch.onnx.export(model.eval(), tuple(inputs), str(path), opset_version=opset, dynamo=dynamo, input_names=names,
-                      verbose=False, **options)
+    torch.onnx.export(
+        model.eval(),
+        tuple(inputs),
+        str(path),
+        opset_version=opset,
+        dynamo=dynamo,
+        input_names=names,
+        verbose=False,
+        **options,
+    )
     return onnx.load(str(path))
 
 
@@ -125,22 +136,28 @@ def test_warp3d_every_mode(dynamo, tmp_path):
     outputs = run(tmp_path / "model.onnx", (volume, displacement))
     ties = near_tie(warp_positions(displacement))
     for (mode, padding, align_corners), got in zip(MATRIX, outputs):
-        expected = gs.warp3d(volume.double(), displacement.double(), mode, padding, align_corners,
-                             backend="reference")
+        expected = gs.warp3d(volume.double(), displacement.double(), mode, padding, align_corners, backend="reference")
         assert_matches(f"{mode} {padding} {align_corners}", got, expected, mode, ties)
 
 
 @pytest.mark.parametrize("dynamo", EXPORTERS)
 def test_warp_channels_last_formats(dynamo, tmp_path):
     """gs.warp with an NDHWC volume and an NDHW3 displacement: the permutations travel into the graph."""
-    _, volume, displacement = make_warp_case(1, 3, (4, 3, 5), torch.float32, data_format="NDHWC",
-                                             displacement_format="NDHW3", seed=3)
+    _, volume, displacement = make_warp_case(
+        1, 3, (4, 3, 5), torch.float32, data_format="NDHWC", displacement_format="NDHW3", seed=3
+    )
     cases = [("bilinear", "zeros", False), ("bilinear", "reflection", True)]
     model = Sampler(gs.warp, cases, data_format="NDHWC", displacement_format="NDHW3")
     assert_standard_graph(export(model, (volume, displacement), tmp_path / "model.onnx", dynamo), len(cases))
     for case, got in zip(cases, run(tmp_path / "model.onnx", (volume, displacement))):
-        expected = gs.warp3d(volume.double(), displacement.double(), *case, data_format="NDHWC",
-                             displacement_format="NDHW3", backend="reference")
+        expected = gs.warp3d(
+            volume.double(),
+            displacement.double(),
+            *case,
+            data_format="NDHWC",
+            displacement_format="NDHW3",
+            backend="reference",
+        )
         assert_matches(str(case), got, expected)
 
 
@@ -160,8 +177,10 @@ class Registration(torch.nn.Module):
     """A grid_sample and a fused warp with a dynamic batch and dynamic spatial sizes."""
 
     def forward(self, volume, grid, displacement):
-        return (gs.grid_sample(volume, grid, "bilinear", "border", False),
-                gs.warp(volume, displacement, "bilinear", "reflection", True))
+        return (
+            gs.grid_sample(volume, grid, "bilinear", "border", False),
+            gs.warp(volume, displacement, "bilinear", "reflection", True),
+        )
 
 
 @pytest.mark.parametrize("dynamo", EXPORTERS)
@@ -175,8 +194,13 @@ def test_dynamic_sizes(dynamo, tmp_path):
         options = {"dynamic_shapes": (spatial, {0: batch, 1: out_depth, 2: out_height, 3: out_width}, spatial)}
     else:
         spatial = {0: "batch", 2: "depth", 3: "height", 4: "width"}
-        options = {"dynamic_axes": {"input0": spatial, "input1": {0: "batch", 1: "out_d", 2: "out_h", 3: "out_w"},
-                                    "input2": spatial}}
+        options = {
+            "dynamic_axes": {
+                "input0": spatial,
+                "input1": {0: "batch", 1: "out_d", 2: "out_h", 3: "out_w"},
+                "input2": spatial,
+            }
+        }
     model = Registration()
     export(model, (volume, grid, displacement), tmp_path / "model.onnx", dynamo, **options)
     # Another batch and other sizes, an axis of one voxel among them (reflection's divisor).
@@ -217,8 +241,11 @@ def test_bicubic_is_refused(function, dynamo, tmp_path):
         model, inputs = Sampler(gs.grid_sample, [("bicubic",)]), (x, grid)
     else:
         model, inputs = gs.Warp3d(mode="bicubic"), (x, torch.zeros(1, 3, 3, 4, 5))
-    with pytest.raises(torch.onnx.OnnxExporterError, match=r"mode='bicubic'.*cannot be exported to ONNX.*"
-                                                             r"Export the model with mode='bilinear'"):
+    with pytest.raises(
+        torch.onnx.OnnxExporterError,
+        match=r"mode='bicubic'.*cannot be exported to ONNX.*"
+        r"Export the model with mode='bilinear'",
+    ):
         export(model, inputs, tmp_path / "model.onnx", dynamo)
 
 
@@ -226,8 +253,9 @@ def test_bicubic_is_refused(function, dynamo, tmp_path):
 @pytest.mark.parametrize("opset", [16, 19])
 def test_opset_below_20_is_refused(opset, dynamo, tmp_path):
     _, x, grid = make_case(1, 1, (3, 4, 5), (2, 2, 2), torch.float32)
-    model, inputs = (Sampler(gs.grid_sample, [()]), (x, grid)) if opset == 16 else \
-        (gs.Warp3d(), (x, torch.zeros(1, 3, 3, 4, 5)))
+    model, inputs = (
+        (Sampler(gs.grid_sample, [()]), (x, grid)) if opset == 16 else (gs.Warp3d(), (x, torch.zeros(1, 3, 3, 4, 5)))
+    )
     with pytest.raises(torch.onnx.OnnxExporterError, match=rf"needs ONNX opset 20 .*got opset_version={opset}"):
         export(model, inputs, tmp_path / "model.onnx", dynamo, opset=opset)
 

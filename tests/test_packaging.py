@@ -1,6 +1,7 @@
 """The package as users get it: ``python -m build`` makes the sdist and the wheel without a warning, and the wheel,
 installed in a fresh environment that holds its declared dependencies and nothing else, runs a forward and a backward
 that equal PyTorch's float64 results."""
+
 import json
 import os
 import re
@@ -20,8 +21,20 @@ import gridsampler3d
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a checkout may hold beside its sources (environments, outputs, caches).
-NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "out", "build", "dist", "*.egg-info", "__pycache__", "*.py[cod]",
-                                     ".pytest_cache", ".hypothesis", "*.nbi", "*.nbc")
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "out",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.py[cod]",
+    ".pytest_cache",
+    ".hypothesis",
+    "*.nbi",
+    "*.nbc",
+)
 
 # Run by the installed package, from a directory outside the source tree.
 RUN_INSTALLED = """
@@ -50,8 +63,13 @@ def _build(tmp_path: Path) -> tuple[Path, Path, str]:
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
     # Byte-compiling off (as some shells set it) makes setuptools warn that it skips it.
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-    result = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
-                            env=environment, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
@@ -62,8 +80,11 @@ def _requirement_closure(wheel: Path) -> set[str]:
     """The distributions the wheel needs here: its requirements, theirs, and so on (markers evaluated, no extras)."""
     with zipfile.ZipFile(wheel) as archive:
         name = next(entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA"))
-        wanted = [line.split(":", 1)[1].strip() for line in archive.read(name).decode().splitlines()
-                  if line.startswith("Requires-Dist:")]
+        wanted = [
+            line.split(":", 1)[1].strip()
+            for line in archive.read(name).decode().splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
     closure = set()
     while wanted:
         requirement = Requirement(wanted.pop())
@@ -95,8 +116,15 @@ def test_build_is_clean_and_the_installed_wheel_equals_the_golden(tmp_path):
 
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"LICENSE", "README.md", "pyproject.toml", "tests/conftest.py", "docs/semantics.md",
-            "benchmarks/gpu_check.py", "gridsampler3d/cpu/coords.py"} <= names
+    assert {
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "tests/conftest.py",
+        "docs/semantics.md",
+        "benchmarks/gpu_check.py",
+        "gridsampler3d/cpu/coords.py",
+    } <= names
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         info = next(name for name in names if name.endswith(".dist-info/METADATA"))
@@ -108,23 +136,32 @@ def test_build_is_clean_and_the_installed_wheel_equals_the_golden(tmp_path):
     environment = tmp_path / "environment"
     venv.EnvBuilder().create(environment)  # without pip or setuptools: this environment's pip installs into it
     python = environment / "bin" / "python"
-    site_packages = Path(subprocess.check_output(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    site_packages = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     for name in _requirement_closure(wheel):
         _link_installed(metadata.distribution(name), site_packages)
     isolated = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
     isolated.update(PYTHONNOUSERSITE="1", NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", str(wheel)], env=isolated, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", str(wheel)],
+        env=isolated,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     check = subprocess.run([*pip, "check"], env=isolated, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr  # every declared dependency is there
     assert (environment / "bin" / "gridsampler3d").exists()
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    result = subprocess.run([str(python), "-c", RUN_INSTALLED], cwd=outside, env=isolated, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        [str(python), "-c", RUN_INSTALLED], cwd=outside, env=isolated, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert Path(report["file"]).is_relative_to(site_packages), report["file"]

@@ -1,5 +1,6 @@
 """The CPU engine's planner: its decisions on descriptions of calls alone (no kernel runs), and the plan the engine
 runs being the one :func:`gridsampler3d.explain` shows."""
+
 import dataclasses
 import math
 
@@ -19,8 +20,15 @@ LARGE = (64, 64, 64)
 
 
 def backward(**fields) -> Call:
-    fields = {"batch": 1, "channels": 4, "sizes": LARGE, "out_sizes": LARGE, "smooth": True, "grad_finite": True,
-              **fields}
+    fields = {
+        "batch": 1,
+        "channels": 4,
+        "sizes": LARGE,
+        "out_sizes": LARGE,
+        "smooth": True,
+        "grad_finite": True,
+        **fields,
+    }
     return Call(stage=Stage.BACKWARD, **fields)
 
 
@@ -53,7 +61,7 @@ def test_one_thread_walks_a_batch_of_volumes_that_fit_the_cache_once():
     assert make_plan(dataclasses.replace(crops, threads=2, smooth=True)).strategy == Strategy.BESIDE
     # 32³ float32 planes of x and dx: 1 MiB for four channels, more for five; float64 fits half the channels
     edge = backward(batch=4, channels=4, sizes=(32, 32, 32), threads=1)
-    assert 2 * 4 * 32 ** 3 * 4 == tuning.SERIAL_ITEM_BYTES
+    assert 2 * 4 * 32**3 * 4 == tuning.SERIAL_ITEM_BYTES
     assert make_plan(edge).strategy == Strategy.SERIAL
     assert make_plan(dataclasses.replace(edge, channels=5)).strategy != Strategy.SERIAL
     assert make_plan(dataclasses.replace(edge, channels=2, dtype="float64")).strategy == Strategy.SERIAL
@@ -75,7 +83,7 @@ def test_a_random_grid_with_many_channels_runs_channel_groups():
     # 64³ float32 planes of 1 MiB: a group is SCATTER_CACHE_BYTES of them
     call = backward(sizes=(64, 64, 64), channels=16, smooth=False, threads=2)
     plan = make_plan(call)
-    group = tuning.SCATTER_CACHE_BYTES // (64 ** 3 * 4)
+    group = tuning.SCATTER_CACHE_BYTES // (64**3 * 4)
     assert plan.strategy == Strategy.PASSES and plan.grid_pass == GridPass.CHANNEL_GROUPS
     assert plan.dx_pass == DxPass.CHANNEL_GROUPS and plan.channel_group == plan.grid_channel_group == group
     assert plan.carry_rows * 24 * 32 <= tuning.CARRY_BYTES
@@ -92,7 +100,11 @@ def test_a_random_grid_with_many_channels_runs_channel_groups():
 def test_dx_alone_on_two_threads_takes_channel_halves():
     plan = make_plan(backward(threads=2, outputs=Outputs(dx=True, dfield=False)))
     assert (plan.strategy, plan.grid_pass, plan.dx_pass, plan.dx_parts) == (
-        Strategy.PASSES, GridPass.NONE, DxPass.CHANNEL_HALVES, 2)
+        Strategy.PASSES,
+        GridPass.NONE,
+        DxPass.CHANNEL_HALVES,
+        2,
+    )
     one_channel = make_plan(backward(threads=2, outputs=Outputs(dx=True, dfield=False), channels=1))
     assert one_channel.dx_pass == DxPass.SLABS and one_channel.dx_parts == 2
 
@@ -111,9 +123,15 @@ def test_the_grid_gradient_sums_pytorchs_terms_for_float64_and_non_finite_grad()
     assert "grad_finite" not in facts_needed(backward(outputs=Outputs(dx=True, dfield=False)))
 
 
-@pytest.mark.parametrize("dtype, channels, copies", [
-    ("float32", tuning.COPIED_CHANNELS, True), ("float32", tuning.COPIED_CHANNELS - 1, False),
-    ("bfloat16", tuning.COPIED_HALF_CHANNELS, True), ("float64", 64, False)])
+@pytest.mark.parametrize(
+    "dtype, channels, copies",
+    [
+        ("float32", tuning.COPIED_CHANNELS, True),
+        ("float32", tuning.COPIED_CHANNELS - 1, False),
+        ("bfloat16", tuning.COPIED_HALF_CHANNELS, True),
+        ("float64", 64, False),
+    ],
+)
 def test_many_channel_ncdhw_backwards_run_on_channels_last_copies(dtype, channels, copies):
     plan = make_plan(backward(dtype=dtype, channels=channels, threads=2))
     assert plan.copies is copies and plan.channels_last is copies
@@ -164,6 +182,7 @@ def _captured(monkeypatch):
         def spy(work, original=original):
             plans.append(work.plan)
             return original(work)
+
         monkeypatch.setattr(f"gridsampler3d.cpu.engine.{name}", spy)
     return plans
 
@@ -174,12 +193,18 @@ def test_explain_shows_the_plan_the_engine_runs(case, monkeypatch, threads):
     threads(2)
     scale = 0.25
     (grad, x, field), _ = build_inputs(case, "cpu", scale)
-    attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                      data_format=case.layout)
+    attributes = dict(
+        interpolation_mode=case.mode,
+        padding_mode=case.padding,
+        align_corners=case.align_corners,
+        data_format=case.layout,
+    )
     warp = case.baseline == "plumbing"
     kind = "displacement" if warp else "grid"
-    explained = [gs.explain(x, field, field_kind=kind, **attributes),
-                 gs.explain(x, field, grad, field_kind=kind, **attributes)]
+    explained = [
+        gs.explain(x, field, field_kind=kind, **attributes),
+        gs.explain(x, field, grad, field_kind=kind, **attributes),
+    ]
     plans = _captured(monkeypatch)
     if warp:
         gs.warp3d(x, field, case.mode, case.padding, case.align_corners, backend="numba")

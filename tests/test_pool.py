@@ -1,4 +1,5 @@
 """Where the CPU engine's parts run: torch's OpenMP team, or the engine's worker threads, with the same bits."""
+
 import os
 import select
 import signal
@@ -11,13 +12,13 @@ import numba
 import numpy as np
 import pytest
 import torch
+from helpers import make_case
 
 import gridsampler3d as gs
 from gridsampler3d import inputs
 from gridsampler3d.cpu import pool
 from gridsampler3d.cpu.slabs import looks_coherent
 from gridsampler3d.sampling import Field, Sampling
-from helpers import make_case
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -69,9 +70,9 @@ def test_every_part_runs_once(path, threads, count, tasks):
     threads(count)
     marks = np.zeros(tasks + 1, np.int64)
     # two launches: parts 0 .. tasks - 2 of one (none where tasks is 1), then the last part of another
-    pool.run_together([(_mark, (marks, -1), tasks - 1), (_mark, (marks[tasks - 1:], -1), 1)])
+    pool.run_together([(_mark, (marks, -1), tasks - 1), (_mark, (marks[tasks - 1 :], -1), 1)])
     expected = np.zeros(tasks + 1, np.int64)
-    expected[:tasks - 1] = np.arange(1, tasks)
+    expected[: tasks - 1] = np.arange(1, tasks)
     expected[tasks - 1] = 1
     assert np.array_equal(marks, expected), marks
 
@@ -157,11 +158,18 @@ def test_parts_run_where_the_path_says(path, threads):
 
 @ON_A_TEAM
 @pytest.mark.parametrize("count", [2, 3])
-@pytest.mark.parametrize("mode, smooth, data_format, dtype", [
-    ("bilinear", True, "NCDHW", torch.float32), ("bilinear", False, "NCDHW", torch.float32),
-    ("nearest", True, "NCDHW", torch.float32), ("bilinear", True, "NDHWC", torch.float32),
-    ("bicubic", False, "NCDHW", torch.float64), ("bilinear", True, "NCDHW", torch.bfloat16)],
-    ids=["smooth", "random", "nearest", "channels-last", "bicubic", "bf16"])
+@pytest.mark.parametrize(
+    "mode, smooth, data_format, dtype",
+    [
+        ("bilinear", True, "NCDHW", torch.float32),
+        ("bilinear", False, "NCDHW", torch.float32),
+        ("nearest", True, "NCDHW", torch.float32),
+        ("bilinear", True, "NDHWC", torch.float32),
+        ("bicubic", False, "NCDHW", torch.float64),
+        ("bilinear", True, "NCDHW", torch.bfloat16),
+    ],
+    ids=["smooth", "random", "nearest", "channels-last", "bicubic", "bf16"],
+)
 def test_team_and_workers_give_the_same_bits(route, threads, count, mode, smooth, data_format, dtype):
     """Forward and backward through the engine, its every way of splitting the work, on both routes.
 
@@ -176,8 +184,7 @@ def test_team_and_workers_give_the_same_bits(route, threads, count, mode, smooth
     def results(wanted):
         route(wanted)
         y = gs.grid_sampler3d(x, grid, mode, "border", data_format=data_format, backend="numba")
-        return (y, *gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format,
-                                               backend="numba"))
+        return (y, *gs.grid_sampler3d_backward(grad, x, grid, mode, "border", data_format=data_format, backend="numba"))
 
     on_team = results("team")
     on_workers = results("workers")
@@ -186,8 +193,10 @@ def test_team_and_workers_give_the_same_bits(route, threads, count, mode, smooth
 
 def test_nothing_is_chosen_or_loaded_at_import():
     """Importing the pool chooses no route: the first launch does."""
-    code = ("import torch; torch.set_num_threads(2); from gridsampler3d.cpu import pool; "
-            "assert pool._chosen is None; pool.run_parts(lambda part: None, (), 2); print(pool._chosen[1].name)")
+    code = (
+        "import torch; torch.set_num_threads(2); from gridsampler3d.cpu import pool; "
+        "assert pool._chosen is None; pool.run_parts(lambda part: None, (), 2); print(pool._chosen[1].name)"
+    )
     assert _in_a_new_process(code) in pool.ROUTES
 
 
@@ -195,8 +204,9 @@ def _in_a_new_process(code, **variables):
     env = {name: value for name, value in os.environ.items() if name != "GRIDSAMPLER3D_OPENMP"}
     env.update(variables)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
 
 
 @ON_A_TEAM

@@ -3,6 +3,7 @@
 Each check runs tests/process_checks.py in its own process under a timeout: a crash, a
 hang or a differing bit fails the test without taking the suite down.
 """
+
 import os
 import signal
 import subprocess
@@ -23,16 +24,18 @@ def _run_check(*args):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, str(ROOT / "tests" / "process_checks.py"), *args]
     # A session of its own, so that a hung check's workers are killed with it.
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         pytest.fail(f"{' '.join(args)}: no result after {TIMEOUT_S} s (hung?)\n{output[-4000:]}")
-    assert process.returncode == 0 and "ok:" in output, \
+    assert process.returncode == 0 and "ok:" in output, (
         f"{' '.join(args)}: exit status {process.returncode}\n{output[-4000:]}"
+    )
     return output
 
 

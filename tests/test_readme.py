@@ -5,6 +5,7 @@ A ```python block directly followed by a ```text block prints that text (``...``
 text, and runs of white space compare equal); a ```python block with no ```text block after it prints
 nothing.
 """
+
 import contextlib
 import doctest
 import io
@@ -53,8 +54,11 @@ def _examples() -> list[Example]:
     for block, after in zip(blocks, blocks[1:] + [None]):
         if block.language != "python":
             continue
-        follows = (after is not None and after.language == "text"
-                   and not any(line.strip() for line in readme_lines[block.end:after.line - 1]))
+        follows = (
+            after is not None
+            and after.language == "text"
+            and not any(line.strip() for line in readme_lines[block.end : after.line - 1])
+        )
         examples.append(Example(block.text, block.line, after.text if follows else None))
     return examples
 
@@ -87,8 +91,9 @@ def _run(example: Example, namespace: dict) -> None:
     if example.output is None:
         assert not printed.getvalue(), f"{where} prints what the README does not show:\n{printed.getvalue()}"
     else:
-        matches = doctest.OutputChecker().check_output(example.output, printed.getvalue(),
-                                                       doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        matches = doctest.OutputChecker().check_output(
+            example.output, printed.getvalue(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+        )
         assert matches, f"{where} prints\n{printed.getvalue()}\nwhere the README shows\n{example.output}"
 
 
@@ -105,7 +110,7 @@ def test_the_explain_example_shows_the_plan_it_returns():
 
     namespace = {}
     example = next(example for example in PYTHON_EXAMPLES if "gs.explain(" in example.code)
-    for earlier in PYTHON_EXAMPLES[:PYTHON_EXAMPLES.index(example) + 1]:
+    for earlier in PYTHON_EXAMPLES[: PYTHON_EXAMPLES.index(example) + 1]:
         _run(earlier, namespace)
     plan = namespace["plan"]
     assert isinstance(plan, Plan) and "\n" not in str(plan)

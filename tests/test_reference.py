@@ -1,11 +1,12 @@
 """The NumPy golden checked three ways: against PyTorch float64, by finite differences, by adjointness."""
+
 import numpy as np
 import pytest
 import torch
+from helpers import MATRIX, matrix_id
 
 from gridsampler3d import reference
 from gridsampler3d.modes import Interpolation, Padding
-from helpers import MATRIX, matrix_id
 
 SHAPES = {  # (N, C, Di, Hi, Wi), (Do, Ho, Wo)
     "small": ((2, 3, 4, 5, 6), (3, 2, 5)),
@@ -18,12 +19,15 @@ SHAPES = {  # (N, C, Di, Hi, Wi), (Do, Ho, Wo)
 def _run_both(x, grid, grad, attributes):
     mode, padding, align_corners = attributes
     interpolation, pad = Interpolation[mode.upper()], Padding[padding.upper()]
-    ours = (reference.grid_sampler3d_fwd(x, grid, interpolation, pad, align_corners),
-            *reference.grid_sampler3d_bwd(grad, x, grid, interpolation, pad, align_corners))
+    ours = (
+        reference.grid_sampler3d_fwd(x, grid, interpolation, pad, align_corners),
+        *reference.grid_sampler3d_bwd(grad, x, grid, interpolation, pad, align_corners),
+    )
     tx, tgrid, tgrad = (torch.from_numpy(a) for a in (x, grid, grad))
     y = torch.ops.aten.grid_sampler_3d(tx, tgrid, int(interpolation), int(pad), align_corners)
-    dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(tgrad, tx, tgrid, int(interpolation), int(pad),
-                                                        align_corners, [True, True])
+    dx, dgrid = torch.ops.aten.grid_sampler_3d_backward(
+        tgrad, tx, tgrid, int(interpolation), int(pad), align_corners, [True, True]
+    )
     return ours, (y.numpy(), dx.numpy(), dgrid.numpy())
 
 

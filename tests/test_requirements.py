@@ -1,4 +1,5 @@
 """The declared minimum PyTorch is the true one, and an older torch gets a clear error."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,11 @@ def test_supported_versions_pass(version):
 
 @pytest.mark.parametrize("version", ["2.8.0+cu121", "2.4.1", "1.13.1"])
 def test_older_versions_are_refused_with_the_remedy(version):
-    with pytest.raises(ImportError, match=rf"needs torch>=2\.9 .*found torch {version.replace('+', '[+]')}\. "
-                                          r"Upgrade PyTorch: pip install 'torch>=2\.9'"):
+    with pytest.raises(
+        ImportError,
+        match=rf"needs torch>=2\.9 .*found torch {version.replace('+', '[+]')}\. "
+        r"Upgrade PyTorch: pip install 'torch>=2\.9'",
+    ):
         check_torch_version(version)
 
 

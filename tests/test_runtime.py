@@ -2,6 +2,7 @@
 
 Each check runs tests/runtime_checks.py in a process of its own (docs/runtime.md).
 """
+
 import ast
 import os
 import shutil
@@ -19,16 +20,26 @@ TIMEOUT_S = 600
 
 def _run(check, package_root=ROOT, cache=None, **variables):
     """The output of ``runtime_checks.py check`` in a new process, the package imported from ``package_root``."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("GRIDSAMPLER3D_PLAIN_NUMBA", "NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("GRIDSAMPLER3D_PLAIN_NUMBA", "NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")
+    }
     env.update(variables)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_root), env.get("PYTHONPATH")]))
     if cache is not None:
         env["NUMBA_CACHE_DIR"] = str(cache)
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "runtime_checks.py"), check], cwd=package_root,
-                            env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0 and result.stdout.rstrip().endswith("ok"), \
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "runtime_checks.py"), check],
+        cwd=package_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0 and result.stdout.rstrip().endswith("ok"), (
         f"{check}: exit status {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result.stdout
 
 
@@ -70,20 +81,23 @@ def test_an_edited_helper_reaches_the_next_call(tmp_path):
     coords = copy / "gridsampler3d" / "cpu" / "coords.py"
     text = coords.read_text()
     # The unnormalising rule without align_corners, in the tricubic and in the trilinear helper.
-    edits = {"return ((coord + 1.0) * size - 1.0) * 0.5, size * 0.5": "return ((coord + 1.0) * size) * 0.5, size * 0.5",
-             "index = ((coord + 1.0) * size - 1.0) * 0.5": "index = ((coord + 1.0) * size) * 0.5"}
+    edits = {
+        "return ((coord + 1.0) * size - 1.0) * 0.5, size * 0.5": "return ((coord + 1.0) * size) * 0.5, size * 0.5",
+        "index = ((coord + 1.0) * size - 1.0) * 0.5": "index = ((coord + 1.0) * size) * 0.5",
+    }
     for old, new in edits.items():
         assert text.count(old) == 1, old
         text = text.replace(old, new)
     coords.write_text(text)
     edited = _sums(_run("checksum", copy, cache))
-    assert edited["bicubic"] != _sums(first)["bicubic"] and edited["bilinear"] != _sums(first)["bilinear"], \
-        (_sums(first), edited)
+    assert edited["bicubic"] != _sums(first)["bicubic"] and edited["bilinear"] != _sums(first)["bilinear"], (
+        _sums(first),
+        edited,
+    )
 
 
 # Numba's internals: what its documentation does not describe for users (its private names too, not its dunders).
-INTERNAL = ("numba.core", "numba.np", "numba.parfors", "numba.cpython", "numba.misc", "numba.experimental",
-            "numba._")
+INTERNAL = ("numba.core", "numba.np", "numba.parfors", "numba.cpython", "numba.misc", "numba.experimental", "numba._")
 
 
 def _dotted(node) -> str | None:

@@ -1,13 +1,14 @@
 """PyTorch integration: autograd, custom ops, torch.compile, autocast, Warp3d, the drop-in patch."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import MATRIX, make_case, matrix_id
 from torch.library import opcheck
 
 import gridsampler3d as gs
 from gridsampler3d import patch as patching
 from gridsampler3d.torch_ops import grid_sampler3d_backward_op, grid_sampler3d_op
-from helpers import MATRIX, make_case, matrix_id
 
 
 def _leaves(data_format="NCDHW", seed=0):
@@ -22,8 +23,9 @@ def test_gradcheck(attributes, data_format):
     x, grid = _leaves(data_format)
     if mode == "nearest":  # the grid gradient of nearest is zero (piecewise constant): input only
         grid.requires_grad_(False)
-    assert torch.autograd.gradcheck(lambda a, b: gs.grid_sample(a, b, mode, padding, align_corners, data_format),
-                                    (x, grid))
+    assert torch.autograd.gradcheck(
+        lambda a, b: gs.grid_sample(a, b, mode, padding, align_corners, data_format), (x, grid)
+    )
 
 
 @pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
@@ -57,8 +59,9 @@ def test_compile_fullgraph_has_no_graph_break():
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     expected, got = loss(x, grid), compiled(x, grid)
     assert torch.equal(expected, got)
-    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(expected, (x, grid)),
-                                                 torch.autograd.grad(got, (x, grid))))
+    assert all(
+        torch.equal(a, b) for a, b in zip(torch.autograd.grad(expected, (x, grid)), torch.autograd.grad(got, (x, grid)))
+    )
 
 
 def test_eager_calls_skip_the_custom_ops_and_traced_ones_keep_them(monkeypatch):
@@ -85,8 +88,10 @@ def test_eager_calls_skip_the_custom_ops_and_traced_ones_keep_them(monkeypatch):
 def test_second_derivatives_through_the_eager_route_match_the_custom_ops():
     x, grid = _leaves(seed=5)
     results = []
-    for run in (lambda a, b: gs.grid_sample(a, b, "bilinear", "border", True),
-                lambda a, b: grid_sampler3d_op(a, b, 0, 1, True)):
+    for run in (
+        lambda a, b: gs.grid_sample(a, b, "bilinear", "border", True),
+        lambda a, b: grid_sampler3d_op(a, b, 0, 1, True),
+    ):
         y = run(x, grid)
         grads = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
         results.append(torch.autograd.grad(sum(g.square().sum() for g in grads), (x, grid)))
@@ -177,7 +182,8 @@ def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
 def test_gradgradcheck_bilinear(padding, align_corners, data_format):
     x, grid = _leaves(data_format, seed=7)
     assert torch.autograd.gradgradcheck(
-        lambda a, b: gs.grid_sample(a, b, "bilinear", padding, align_corners, data_format), (x, grid))
+        lambda a, b: gs.grid_sample(a, b, "bilinear", padding, align_corners, data_format), (x, grid)
+    )
 
 
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])

@@ -1,10 +1,11 @@
 """The reads of PyTorch's non-public API (gridsampler3d/torch_hooks.py): each hook works with this torch, each
 fallback is correct, and no other module reads torch's private names."""
+
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 import gridsampler3d as gs
@@ -37,8 +38,11 @@ def test_the_tested_range_starts_at_the_lowest_torch_pyproject_admits():
 
 def test_no_other_module_reads_torchs_private_names():
     private = re.compile(r"torch\._[A-Za-z]|\._internal\b|\._destroy\b|torch\.utils\._|_functorch|_python_dispatch")
-    readers = [path.relative_to(ROOT).as_posix() for path in sorted((ROOT / "gridsampler3d").rglob("*.py"))
-               if path.name != "torch_hooks.py" and private.search(path.read_text())]
+    readers = [
+        path.relative_to(ROOT).as_posix()
+        for path in sorted((ROOT / "gridsampler3d").rglob("*.py"))
+        if path.name != "torch_hooks.py" and private.search(path.read_text())
+    ]
     assert not readers, readers
 
 
@@ -53,7 +57,7 @@ def test_functorch_wrapped_tells_vmapped_tensors(monkeypatch):
     assert seen == [True] and not torch_hooks.functorch_wrapped(torch.ones(2))
     # vmap over the batch gives the same result as the loop, through the custom ops
     x, grid = _leaves()
-    looped = torch.stack([gs.grid_sample(x[i:i + 1], grid[i:i + 1])[0] for i in range(2)])
+    looped = torch.stack([gs.grid_sample(x[i : i + 1], grid[i : i + 1])[0] for i in range(2)])
     assert torch.equal(torch.func.vmap(lambda a, b: gs.grid_sample(a[None], b[None])[0])(x, grid), looped)
     # Without the private test every tensor counts as wrapped: the custom ops, the same result.
     monkeypatch.setattr(torch_hooks, "_is_functorch_wrapped", None)

@@ -1,16 +1,16 @@
 """The fused warp: sampling at identity + displacement with no grid tensor, on the CPU engines and through torch."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import DTYPE_IDS, competitor_warp, poisoned_allocations
 
 import gridsampler3d as gs
 from gridsampler3d import precision, reference
-from gridsampler3d.modes import Interpolation, Padding
 from gridsampler3d.bench.runner import plumbed_grid
-from helpers import DTYPE_IDS, competitor_warp, poisoned_allocations
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -18,10 +18,20 @@ pytestmark = pytest.mark.usefixtures("split_small_calls")
 # Compile time bounds what the Numba engine is asked here: each (mode, padding,
 # align_corners) builds its own kernels. These cover every padding, both align_corners and
 # every interpolation; the reference runs the whole matrix.
-NUMBA_MODES = [("bilinear", "border", True), ("bilinear", "zeros", True), ("bilinear", "reflection", False),
-               ("nearest", "zeros", True), ("bicubic", "reflection", False), ("bicubic", "border", True)]
-FULL_MATRIX = [(mode, padding, corners) for mode in ("bilinear", "nearest", "bicubic")
-               for padding in ("zeros", "border", "reflection") for corners in (True, False)]
+NUMBA_MODES = [
+    ("bilinear", "border", True),
+    ("bilinear", "zeros", True),
+    ("bilinear", "reflection", False),
+    ("nearest", "zeros", True),
+    ("bicubic", "reflection", False),
+    ("bicubic", "border", True),
+]
+FULL_MATRIX = [
+    (mode, padding, corners)
+    for mode in ("bilinear", "nearest", "bicubic")
+    for padding in ("zeros", "border", "reflection")
+    for corners in (True, False)
+]
 
 
 def warp_case(batch=2, channels=3, size=(5, 6, 7), magnitude=2.5, dtype=torch.float64, seed=0):
@@ -204,8 +214,9 @@ def _integrate_reference(velocity, steps):
     """Scaling and squaring composed from PyTorch's own pieces in float64: plumbed grid, F.grid_sample."""
     displacement = velocity / 2**steps
     for _ in range(steps):
-        displacement = displacement + F.grid_sample(displacement, plumbed_grid(displacement, True), "bilinear",
-                                                    "zeros", True)
+        displacement = displacement + F.grid_sample(
+            displacement, plumbed_grid(displacement, True), "bilinear", "zeros", True
+        )
     return displacement
 
 
@@ -218,8 +229,8 @@ def test_integrate_velocity_matches_the_reference_composition():
     # test_reference_warp_is_the_explicit_grid_warp); five compositions stay far below 1e-11.
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-11), float((ours - theirs).abs().max())
     weights = torch.randn(ours.shape, generator=generator, dtype=torch.float64)
-    ours_grad, = torch.autograd.grad((ours * weights).sum(), velocity)
-    theirs_grad, = torch.autograd.grad((theirs * weights).sum(), velocity)
+    (ours_grad,) = torch.autograd.grad((ours * weights).sum(), velocity)
+    (theirs_grad,) = torch.autograd.grad((theirs * weights).sum(), velocity)
     assert torch.allclose(ours_grad, theirs_grad, rtol=0, atol=1e-10)
     assert torch.equal(gs.integrate_velocity(velocity, steps=0), velocity)
     # (N, D, H, W, 3) in, the same layout out
@@ -241,8 +252,10 @@ def test_torch_compile_fullgraph_and_opcheck():
     for eager, compiled_grad in zip(eager_grads, compiled_grads):
         assert torch.equal(eager, compiled_grad)
     torch.library.opcheck(torch.ops.gridsampler3d.warp3d, (volume.detach(), displacement.detach(), 0, 1, True))
-    torch.library.opcheck(torch.ops.gridsampler3d.warp3d_backward,
-                          (torch.randn_like(volume), volume.detach(), displacement.detach(), 0, 1, True, [True, True]))
+    torch.library.opcheck(
+        torch.ops.gridsampler3d.warp3d_backward,
+        (torch.randn_like(volume), volume.detach(), displacement.detach(), 0, 1, True, [True, True]),
+    )
 
 
 def test_warp3d_module_and_autocast():

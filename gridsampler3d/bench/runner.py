@@ -1,4 +1,5 @@
 """Time the suite against PyTorch in the same process; write a table, JSON and a plot."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,17 @@ from ..torch_affine import affine_warp
 from ..torch_ops import Warp3d
 from .suite import BenchCase, build_inputs, select_cases
 
-__all__ = ["run_suite", "machine_info", "write_plot", "format_table", "format_document", "read_document",
-           "README_CASES", "format_readme_table", "replace_readme_table"]
+__all__ = [
+    "run_suite",
+    "machine_info",
+    "write_plot",
+    "format_table",
+    "format_document",
+    "read_document",
+    "README_CASES",
+    "format_readme_table",
+    "replace_readme_table",
+]
 
 
 def _synchronize(device: str) -> None:
@@ -111,10 +121,18 @@ def machine_info(device: str = "cpu") -> dict:
         pass
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
         "device": device,
-        "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "numba": numba.__version__,
-                     "numpy": numpy.__version__, "gridsampler3d": __version__},
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "numba": numba.__version__,
+            "numpy": numpy.__version__,
+            "gridsampler3d": __version__,
+        },
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
@@ -127,15 +145,18 @@ def plumbed_grid(displacement, align_corners: bool):
     sizes = displacement.shape[2:]
     axes = [torch.arange(size, device=displacement.device, dtype=displacement.dtype) for size in sizes]
     position = torch.stack(torch.meshgrid(*axes, indexing="ij")).unsqueeze(0) + displacement
-    normalised = [2 * position[:, axis] / max(size - 1, 1) - 1 if align_corners
-                  else (2 * position[:, axis] + 1) / size - 1 for axis, size in enumerate(sizes)]
+    normalised = [
+        2 * position[:, axis] / max(size - 1, 1) - 1 if align_corners else (2 * position[:, axis] + 1) / size - 1
+        for axis, size in enumerate(sizes)
+    ]
     return torch.stack(normalised[::-1], dim=-1)
 
 
 def plumbed_warp(volume, displacement, mode: str, padding: str, align_corners: bool):
     """PyTorch's registration step as VoxelMorph and MONAI write it: :func:`plumbed_grid`, then ``F.grid_sample``."""
-    return torch.nn.functional.grid_sample(volume, plumbed_grid(displacement, align_corners), mode, padding,
-                                           align_corners)
+    return torch.nn.functional.grid_sample(
+        volume, plumbed_grid(displacement, align_corners), mode, padding, align_corners
+    )
 
 
 def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -> dict:
@@ -152,12 +173,14 @@ def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -
         def run():
             output = function(*leaves)
             return torch.autograd.grad(output, leaves, grad)
+
         return run
 
     def forward(function):
         def run():
             with torch.no_grad():
                 return function(volume, displacement)
+
         return run
 
     def backward(function):
@@ -165,6 +188,7 @@ def _bench_warp_case(case: BenchCase, device: str, repeats: int, scale: float) -
 
         def run():
             return torch.autograd.grad(output, leaves, grad, retain_graph=True)
+
         return run
 
     result = {"case": case.describe(), "in_size": volume.shape[2]}
@@ -194,21 +218,26 @@ def _bench_affine_case(case: BenchCase, device: str, repeats: int, scale: float)
         return torch.nn.functional.grid_sample(v, grid, case.mode, case.padding, case.align_corners)
 
     def fused(v, t, d):
-        return affine_warp(v, t, size, displacement=d, mode=case.mode, padding_mode=case.padding,
-                           align_corners=case.align_corners)
+        return affine_warp(
+            v, t, size, displacement=d, mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners
+        )
 
-    leaves = [theta.clone().requires_grad_()] + ([] if displacement is None else [displacement.clone().requires_grad_()])
+    leaves = [theta.clone().requires_grad_()] + (
+        [] if displacement is None else [displacement.clone().requires_grad_()]
+    )
 
     def step(function):
         def run():
             output = function(volume, leaves[0], leaves[1] if len(leaves) > 1 else None)
             return torch.autograd.grad(torch.nn.functional.mse_loss(output, fixed), leaves)
+
         return run
 
     def forward(function):
         def run():
             with torch.no_grad():
                 return function(volume, theta, displacement)
+
         return run
 
     result = {"case": case.describe(), "in_size": volume.shape[2]}
@@ -229,10 +258,17 @@ def _plans(case: BenchCase, device: str, scale: float) -> dict:
         field, kind = field.to(x.dtype), "affine"
     else:
         kind = "displacement" if case.baseline == "plumbing" else "grid"
-    attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                      data_format=case.layout, field_kind=kind)
-    return {"forward": str(api.explain(x, field, **attributes)),
-            "backward": str(api.explain(x, field, grad, **attributes))}
+    attributes = dict(
+        interpolation_mode=case.mode,
+        padding_mode=case.padding,
+        align_corners=case.align_corners,
+        data_format=case.layout,
+        field_kind=kind,
+    )
+    return {
+        "forward": str(api.explain(x, field, **attributes)),
+        "backward": str(api.explain(x, field, grad, **attributes)),
+    }
 
 
 def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale: float) -> dict:
@@ -242,8 +278,13 @@ def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale:
         return _bench_affine_case(case, device, repeats, scale)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, device, scale)
     codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
-    attributes = dict(interpolation_mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners,
-                      data_format=case.layout, backend=backend)
+    attributes = dict(
+        interpolation_mode=case.mode,
+        padding_mode=case.padding,
+        align_corners=case.align_corners,
+        data_format=case.layout,
+        backend=backend,
+    )
     if case.baseline == "bilinear":
         baseline = dict(attributes, interpolation_mode="bilinear")
         theirs_forward = lambda: api.grid_sampler3d(x, grid, **baseline)  # noqa: E731
@@ -251,7 +292,8 @@ def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale:
     else:
         theirs_forward = lambda: torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes)  # noqa: E731
         theirs_backward = lambda: torch.ops.aten.grid_sampler_3d_backward(  # noqa: E731
-            grad_ncdhw, x_ncdhw, grid, *codes, [True, True])
+            grad_ncdhw, x_ncdhw, grid, *codes, [True, True]
+        )
     calls = {
         "forward": (theirs_forward, lambda: api.grid_sampler3d(x, grid, **attributes)),
         "backward": (theirs_backward, lambda: api.grid_sampler3d_backward(grad, x, grid, **attributes)),
@@ -260,8 +302,7 @@ def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale:
     for stage, (theirs, ours) in calls.items():
         torch_time = time_call(theirs, device, repeats=repeats)
         our_time = time_call(ours, device, repeats=repeats)
-        result[stage] = {"torch": torch_time, "ours": our_time,
-                         "ratio": torch_time["median_s"] / our_time["median_s"]}
+        result[stage] = {"torch": torch_time, "ours": our_time, "ratio": torch_time["median_s"] / our_time["median_s"]}
         if device == "cpu":
             result[stage]["peak_bytes"] = {"torch": peak_memory(theirs), "ours": peak_memory(ours)}
     return result
@@ -273,8 +314,9 @@ def _geomean(values) -> float:
     return statistics.geometric_mean(values) if values else float("nan")
 
 
-def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print,
-              explain=False) -> dict:
+def run_suite(
+    names=None, device="cpu", backend="auto", repeats=7, threads=None, scale=1.0, echo=print, explain=False
+) -> dict:
     """Run the cases (all by default); returns the report (machine, results, summary).
 
     With ``explain`` each result holds, and the echo prints under its row, the CPU
@@ -283,8 +325,10 @@ def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None,
     if threads is not None:
         torch.set_num_threads(threads)
     selected = select_cases(names)
-    echo(f"gridsampler3d bench: {len(selected)} case(s) on {device}, {torch.get_num_threads()} thread(s), "
-         f"backend {backend}, median of {repeats} after warm-up")
+    echo(
+        f"gridsampler3d bench: {len(selected)} case(s) on {device}, {torch.get_num_threads()} thread(s), "
+        f"backend {backend}, median of {repeats} after warm-up"
+    )
     echo(format_header())
     results = []
     for case in selected:
@@ -296,26 +340,42 @@ def run_suite(names=None, device="cpu", backend="auto", repeats=7, threads=None,
             for stage, plan in result["plan"].items():
                 echo(f"    {stage} plan: {plan}")
     against_torch = [r for r in results if r["case"]["baseline"] == "torch"]
-    summary = {stage: {"geomean_ratio": _geomean(r[stage]["ratio"] for r in against_torch),
-                       "min_ratio": min((r[stage]["ratio"] for r in against_torch), default=float("nan"))}
-               for stage in ("forward", "backward")}
+    summary = {
+        stage: {
+            "geomean_ratio": _geomean(r[stage]["ratio"] for r in against_torch),
+            "min_ratio": min((r[stage]["ratio"] for r in against_torch), default=float("nan")),
+        }
+        for stage in ("forward", "backward")
+    }
     if against_torch:
-        echo(f"geometric mean ratio against PyTorch: forward {summary['forward']['geomean_ratio']:.2f}x, "
-             f"backward {summary['backward']['geomean_ratio']:.2f}x "
-             f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)")
+        echo(
+            f"geometric mean ratio against PyTorch: forward {summary['forward']['geomean_ratio']:.2f}x, "
+            f"backward {summary['backward']['geomean_ratio']:.2f}x "
+            f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)"
+        )
     for result in results:
         if result["case"]["baseline"] in ("plumbing", "affine"):
             echo(format_step(result))
     if any(r["case"]["baseline"] == "bilinear" for r in results):
-        echo("bicubic rows: the 'torch' columns time this library's bilinear on the same inputs; "
-             "ratio = bilinear time / bicubic time")
-    return {"machine": machine_info(device), "backend": backend, "repeats": repeats, "scale": scale,
-            "results": results, "summary": summary}
+        echo(
+            "bicubic rows: the 'torch' columns time this library's bilinear on the same inputs; "
+            "ratio = bilinear time / bicubic time"
+        )
+    return {
+        "machine": machine_info(device),
+        "backend": backend,
+        "repeats": repeats,
+        "scale": scale,
+        "results": results,
+        "summary": summary,
+    }
 
 
 def format_header() -> str:
-    return (f"{'case':<8} {'fwd torch':>10} {'fwd ours':>9} {'ratio':>6}  {'bwd torch':>10} {'bwd ours':>9} "
-            f"{'ratio':>6}  {'bwd peak MB torch/ours':>22}")
+    return (
+        f"{'case':<8} {'fwd torch':>10} {'fwd ours':>9} {'ratio':>6}  {'bwd torch':>10} {'bwd ours':>9} "
+        f"{'ratio':>6}  {'bwd peak MB torch/ours':>22}"
+    )
 
 
 def format_step(result: dict) -> str:
@@ -323,13 +383,17 @@ def format_step(result: dict) -> str:
     and any displacement), and its peak memory, PyTorch's against ours."""
     step = result["step"]
     peaks = step.get("peak_bytes", {})
-    what = ("Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + backward to volume and displacement"
-            if result["case"]["baseline"] == "plumbing" else
-            "affine_warp against F.affine_grid + F.grid_sample, MSE to a fixed image, gradient to theta"
-            + (" and displacement" if "displacement" in result["case"]["grid_kind"] else ""))
-    return (f"{result['case']['name']} step ({what}): {step['torch']['median_s'] * 1e3:.1f} ms / "
-            f"{step['ours']['median_s'] * 1e3:.1f} ms = {step['ratio']:.2f}x; peak memory "
-            f"{_megabytes(peaks.get('torch'))} MB / {_megabytes(peaks.get('ours'))} MB")
+    what = (
+        "Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + backward to volume and displacement"
+        if result["case"]["baseline"] == "plumbing"
+        else "affine_warp against F.affine_grid + F.grid_sample, MSE to a fixed image, gradient to theta"
+        + (" and displacement" if "displacement" in result["case"]["grid_kind"] else "")
+    )
+    return (
+        f"{result['case']['name']} step ({what}): {step['torch']['median_s'] * 1e3:.1f} ms / "
+        f"{step['ours']['median_s'] * 1e3:.1f} ms = {step['ratio']:.2f}x; peak memory "
+        f"{_megabytes(peaks.get('torch'))} MB / {_megabytes(peaks.get('ours'))} MB"
+    )
 
 
 def _megabytes(value) -> str:
@@ -340,22 +404,29 @@ def format_row(result: dict) -> str:
     forward, backward = result["forward"], result["backward"]
     peaks = backward.get("peak_bytes", {})
     peak = f"{_megabytes(peaks.get('torch'))}/{_megabytes(peaks.get('ours'))}"
-    marker = {"torch": "", "bilinear": "  (vs our bilinear)", "plumbing": "  (Warp3d vs plumbing + grid_sample)",
-              "affine": "  (affine_warp vs affine_grid + grid_sample; backward: the step)"}[
-        result["case"]["baseline"]]
-    return (f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
-            f"{forward['ours']['median_s'] * 1e3:7.1f}ms {forward['ratio']:5.2f}x  "
-            f"{backward['torch']['median_s'] * 1e3:8.1f}ms {backward['ours']['median_s'] * 1e3:7.1f}ms "
-            f"{backward['ratio']:5.2f}x  {peak:>22}{marker}")
+    marker = {
+        "torch": "",
+        "bilinear": "  (vs our bilinear)",
+        "plumbing": "  (Warp3d vs plumbing + grid_sample)",
+        "affine": "  (affine_warp vs affine_grid + grid_sample; backward: the step)",
+    }[result["case"]["baseline"]]
+    return (
+        f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
+        f"{forward['ours']['median_s'] * 1e3:7.1f}ms {forward['ratio']:5.2f}x  "
+        f"{backward['torch']['median_s'] * 1e3:8.1f}ms {backward['ours']['median_s'] * 1e3:7.1f}ms "
+        f"{backward['ratio']:5.2f}x  {peak:>22}{marker}"
+    )
 
 
 def _markdown_rows(results) -> list[str]:
     rows = []
     for result in results:
         f, b = result["forward"], result["backward"]
-        rows.append(f"| {result['case']['name']} | {f['torch']['median_s'] * 1e3:.1f} ms | "
-                    f"{f['ours']['median_s'] * 1e3:.1f} ms | {f['ratio']:.2f}x | {b['torch']['median_s'] * 1e3:.1f} ms"
-                    f" | {b['ours']['median_s'] * 1e3:.1f} ms | {b['ratio']:.2f}x |")
+        rows.append(
+            f"| {result['case']['name']} | {f['torch']['median_s'] * 1e3:.1f} ms | "
+            f"{f['ours']['median_s'] * 1e3:.1f} ms | {f['ratio']:.2f}x | {b['torch']['median_s'] * 1e3:.1f} ms"
+            f" | {b['ours']['median_s'] * 1e3:.1f} ms | {b['ratio']:.2f}x |"
+        )
     return rows
 
 
@@ -368,39 +439,53 @@ def format_table(report: dict) -> str:
     lines = []
     if against_torch:
         summary = report["summary"]
-        lines += ["| case | forward PyTorch | forward ours | ratio | backward PyTorch | backward ours | ratio |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |", *_markdown_rows(against_torch),
-                  f"| geometric mean | | | {summary['forward']['geomean_ratio']:.2f}x | | | "
-                  f"{summary['backward']['geomean_ratio']:.2f}x |"]
+        lines += [
+            "| case | forward PyTorch | forward ours | ratio | backward PyTorch | backward ours | ratio |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *_markdown_rows(against_torch),
+            f"| geometric mean | | | {summary['forward']['geomean_ratio']:.2f}x | | | "
+            f"{summary['backward']['geomean_ratio']:.2f}x |",
+        ]
     if bicubic:
-        lines += ["" if lines else None,
-                  "| bicubic case | forward bilinear (ours) | forward bicubic | ratio | backward bilinear (ours) "
-                  "| backward bicubic | ratio |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-                  *_markdown_rows(bicubic)]
+        lines += [
+            "" if lines else None,
+            "| bicubic case | forward bilinear (ours) | forward bicubic | ratio | backward bilinear (ours) "
+            "| backward bicubic | ratio |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *_markdown_rows(bicubic),
+        ]
     if warps:
-        lines += ["" if lines else None,
-                  "| warp step | forward PyTorch | forward Warp3d | ratio | backward PyTorch | backward Warp3d | ratio "
-                  "| step PyTorch | step Warp3d | ratio | peak MB PyTorch / Warp3d |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "" if lines else None,
+            "| warp step | forward PyTorch | forward Warp3d | ratio | backward PyTorch | backward Warp3d | ratio "
+            "| step PyTorch | step Warp3d | ratio | peak MB PyTorch / Warp3d |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for result, row in zip(warps, _markdown_rows(warps)):
             step = result["step"]
             peaks = step.get("peak_bytes", {})
-            lines.append(f"{row} {step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms"
-                         f" | {step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / "
-                         f"{_megabytes(peaks.get('ours'))} |")
+            lines.append(
+                f"{row} {step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms"
+                f" | {step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / "
+                f"{_megabytes(peaks.get('ours'))} |"
+            )
     affines = [r for r in report["results"] if r["case"]["baseline"] == "affine"]
     if affines:
-        lines += ["" if lines else None,
-                  "| affine case | forward affine_grid + grid_sample | forward affine_warp | ratio "
-                  "| step PyTorch | step affine_warp | ratio | step peak MB PyTorch / ours |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "" if lines else None,
+            "| affine case | forward affine_grid + grid_sample | forward affine_warp | ratio "
+            "| step PyTorch | step affine_warp | ratio | step peak MB PyTorch / ours |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for result in affines:
             forward, step = result["forward"], result["step"]
             peaks = step.get("peak_bytes", {})
-            lines.append(f"| {result['case']['name']} | {forward['torch']['median_s'] * 1e3:.1f} ms | "
-                         f"{forward['ours']['median_s'] * 1e3:.1f} ms | {forward['ratio']:.2f}x | "
-                         f"{step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms | "
-                         f"{step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / {_megabytes(peaks.get('ours'))} |")
+            lines.append(
+                f"| {result['case']['name']} | {forward['torch']['median_s'] * 1e3:.1f} ms | "
+                f"{forward['ours']['median_s'] * 1e3:.1f} ms | {forward['ratio']:.2f}x | "
+                f"{step['torch']['median_s'] * 1e3:.1f} ms | {step['ours']['median_s'] * 1e3:.1f} ms | "
+                f"{step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / {_megabytes(peaks.get('ours'))} |"
+            )
     return "\n".join(line for line in lines if line is not None)
 
 
@@ -434,8 +519,11 @@ def write_plot(report: dict, path) -> None:
     axes.set_xticks(list(positions), names)
     axes.set_ylabel("speed-up over PyTorch (time ratio)")
     machine = report["machine"]
-    axes.set_title(f"gridsampler3d vs PyTorch {machine['versions']['torch']} on {machine['device']}, "
-                   f"{machine['threads']} thread(s)", fontsize=9)
+    axes.set_title(
+        f"gridsampler3d vs PyTorch {machine['versions']['torch']} on {machine['device']}, "
+        f"{machine['threads']} thread(s)",
+        fontsize=9,
+    )
     axes.legend()
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -448,19 +536,28 @@ def format_document(reports: list, command: str) -> str:
     then each run's tables (with each case's plans where the run explained them)."""
     machine = reports[0]["machine"]
     versions = machine["versions"]
-    lines = ["# Benchmarks", "",
-             f"Generated by `{command}`; not edited by hand: run the command again to renew it.", "",
-             f"- date: {machine['date']}",
-             f"- machine: {machine['cpu']}, {machine['cores']} cores ({machine['platform']})"
-             + (f", GPU {machine['gpu']}" if "gpu" in machine else ""),
-             f"- versions: torch {versions['torch']}, numba {versions['numba']}, numpy {versions['numpy']}, "
-             f"Python {versions['python']}, gridsampler3d {versions['gridsampler3d']}",
-             f"- timing: median of {reports[0]['repeats']} runs after warm-up, PyTorch and this library in one "
-             f"process on the same inputs; ratio = PyTorch's time / ours", ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{command}`; not edited by hand: run the command again to renew it.",
+        "",
+        f"- date: {machine['date']}",
+        f"- machine: {machine['cpu']}, {machine['cores']} cores ({machine['platform']})"
+        + (f", GPU {machine['gpu']}" if "gpu" in machine else ""),
+        f"- versions: torch {versions['torch']}, numba {versions['numba']}, numpy {versions['numpy']}, "
+        f"Python {versions['python']}, gridsampler3d {versions['gridsampler3d']}",
+        f"- timing: median of {reports[0]['repeats']} runs after warm-up, PyTorch and this library in one "
+        f"process on the same inputs; ratio = PyTorch's time / ours",
+        "",
+    ]
     for report in reports:
         threads = report["machine"]["threads"]
-        lines += [f"## {report['machine']['device']}, {threads} thread{'s' * (threads > 1)}", "",
-                  format_table(report), ""]
+        lines += [
+            f"## {report['machine']['device']}, {threads} thread{'s' * (threads > 1)}",
+            "",
+            format_table(report),
+            "",
+        ]
         plans = [(result["case"]["name"], result["plan"]) for result in report["results"] if result.get("plan")]
         if plans:
             lines += ["Plans (`gridsampler3d.explain`):", ""]
@@ -479,11 +576,17 @@ def read_document(text: str) -> list[dict]:
     """
     header, *sections = re.split(r"^## ", text, flags=re.MULTILINE)
     fields = dict(re.findall(r"^- (\w+): (.*)$", header, flags=re.MULTILINE))
-    place = re.fullmatch(r"(?P<cpu>.+), (?P<cores>\d+) cores \((?P<platform>.*)\)(?:, GPU (?P<gpu>.+))?",
-                         fields["machine"])
+    place = re.fullmatch(
+        r"(?P<cpu>.+), (?P<cores>\d+) cores \((?P<platform>.*)\)(?:, GPU (?P<gpu>.+))?", fields["machine"]
+    )
     versions = {name.lower(): version for name, version in re.findall(r"([\w.]+) (\S+?)(?:,|$)", fields["versions"])}
-    machine = {"date": fields["date"], "cpu": place["cpu"], "cores": int(place["cores"]),
-               "platform": place["platform"], "versions": versions}
+    machine = {
+        "date": fields["date"],
+        "cpu": place["cpu"],
+        "cores": int(place["cores"]),
+        "platform": place["platform"],
+        "versions": versions,
+    }
     if place["gpu"]:
         machine["gpu"] = place["gpu"]
     reports = []
@@ -495,24 +598,31 @@ def read_document(text: str) -> list[dict]:
             if len(cells) != 7 or cells[0] == "case" or cells[1].startswith("---"):
                 continue
             if cells[0] == "geometric mean":
-                summary = {"forward": {"geomean_ratio": float(cells[3].rstrip("x"))},
-                           "backward": {"geomean_ratio": float(cells[6].rstrip("x"))}}
+                summary = {
+                    "forward": {"geomean_ratio": float(cells[3].rstrip("x"))},
+                    "backward": {"geomean_ratio": float(cells[6].rstrip("x"))},
+                }
                 break
             result = {"case": {"name": cells[0], "baseline": "torch"}}
             for stage, (theirs, ours, ratio) in (("forward", cells[1:4]), ("backward", cells[4:7])):
-                result[stage] = {"torch": {"median_s": float(theirs.removesuffix(" ms")) / 1e3},
-                                 "ours": {"median_s": float(ours.removesuffix(" ms")) / 1e3},
-                                 "ratio": float(ratio.rstrip("x"))}
+                result[stage] = {
+                    "torch": {"median_s": float(theirs.removesuffix(" ms")) / 1e3},
+                    "ours": {"median_s": float(ours.removesuffix(" ms")) / 1e3},
+                    "ratio": float(ratio.rstrip("x")),
+                }
             results.append(result)
-        reports.append({"machine": dict(machine, device=title[1], threads=int(title[2])), "results": results,
-                        "summary": summary})
+        reports.append(
+            {"machine": dict(machine, device=title[1], threads=int(title[2])), "results": results, "summary": summary}
+        )
     return reports
 
 
 # The cases the README's speed table shows (the geometric means take in every case against PyTorch).
 README_CASES = ("reg128", "feat48", "rand64", "cl64", "bf16", "fp64", "crops8", "mri", "down4cl", "tiny8")
-README_TABLE_OPEN = ("<!-- speed-table: written by `gridsampler3d bench ... --readme README.md` from the run it "
-                     "times; not edited by hand -->")
+README_TABLE_OPEN = (
+    "<!-- speed-table: written by `gridsampler3d bench ... --readme README.md` from the run it "
+    "times; not edited by hand -->"
+)
 README_TABLE_CLOSE = "<!-- /speed-table -->"
 
 
@@ -530,23 +640,32 @@ def format_readme_table(reports: list, cases=README_CASES) -> str:
     geometric mean of each column over every case timed against PyTorch.
     """
     machine = reports[0]["machine"]
-    against_torch = [[result for result in report["results"] if result["case"]["baseline"] == "torch"]
-                     for report in reports]
+    against_torch = [
+        [result for result in report["results"] if result["case"]["baseline"] == "torch"] for report in reports
+    ]
     if not against_torch[0]:
         raise ValueError("the speed table needs cases timed against PyTorch; the run has none")
     torch_version = machine["versions"]["torch"].split("+")[0]
-    where = _short_cpu(machine["cpu"]) + f", {machine['cores']} cores" + (
-        f", {machine['gpu']}" if "gpu" in machine else "")
+    where = (
+        _short_cpu(machine["cpu"]) + f", {machine['cores']} cores" + (f", {machine['gpu']}" if "gpu" in machine else "")
+    )
     columns = []
     for report in reports:
         threads = report["machine"]["threads"]
-        on = (f"{threads} thread{'s' * (threads > 1)}" if report["machine"]["device"] == "cpu"
-              else report["machine"]["device"])
+        on = (
+            f"{threads} thread{'s' * (threads > 1)}"
+            if report["machine"]["device"] == "cpu"
+            else report["machine"]["device"]
+        )
         columns += [f"forward, {on}", f"backward, {on}"]
-    lines = [README_TABLE_OPEN,
-             f"PyTorch's time / ours ({where}, torch {torch_version}, {machine['date'][:10]}): some cases, "
-             f"and the mean of all {len(against_torch[0])}:", "",
-             "| case | " + " | ".join(columns) + " |", "| --- |" + " ---: |" * len(columns)]
+    lines = [
+        README_TABLE_OPEN,
+        f"PyTorch's time / ours ({where}, torch {torch_version}, {machine['date'][:10]}): some cases, "
+        f"and the mean of all {len(against_torch[0])}:",
+        "",
+        "| case | " + " | ".join(columns) + " |",
+        "| --- |" + " ---: |" * len(columns),
+    ]
     by_name = [{result["case"]["name"]: result for result in results} for results in against_torch]
     for name in (result["case"]["name"] for result in against_torch[0] if result["case"]["name"] in cases):
         ratios = [results[name][stage]["ratio"] for results in by_name for stage in ("forward", "backward")]
@@ -559,9 +678,12 @@ def format_readme_table(reports: list, cases=README_CASES) -> str:
 def replace_readme_table(text: str, table: str) -> str:
     """``text`` (a README) with its speed table, from the opening marker's line to the closing marker, replaced by
     ``table`` (:func:`format_readme_table`); ValueError where it has no such markers."""
-    pattern = re.compile(r"^<!-- speed-table[^\n]*-->\n.*?^" + re.escape(README_TABLE_CLOSE) + r"$",
-                         flags=re.MULTILINE | re.DOTALL)
+    pattern = re.compile(
+        r"^<!-- speed-table[^\n]*-->\n.*?^" + re.escape(README_TABLE_CLOSE) + r"$", flags=re.MULTILINE | re.DOTALL
+    )
     if len(pattern.findall(text)) != 1:
-        raise ValueError(f"no speed table to replace: one block from a line starting '<!-- speed-table' to a line "
-                         f"'{README_TABLE_CLOSE}' is needed")
+        raise ValueError(
+            f"no speed table to replace: one block from a line starting '<!-- speed-table' to a line "
+            f"'{README_TABLE_CLOSE}' is needed"
+        )
     return pattern.sub(lambda _: table, text)

@@ -1,5 +1,6 @@
 """The benchmark registry: the operator's eight cases, the shapes users bring, the warp step and
 tricubic sampling; one entry per case."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -8,8 +9,16 @@ import torch
 
 from .. import inputs
 
-__all__ = ["BenchCase", "SUITE", "WARP_SUITE", "AFFINE_SUITE", "BICUBIC_SUITE", "select_cases", "build_inputs",
-           "affine_theta"]
+__all__ = [
+    "BenchCase",
+    "SUITE",
+    "WARP_SUITE",
+    "AFFINE_SUITE",
+    "BICUBIC_SUITE",
+    "select_cases",
+    "build_inputs",
+    "affine_theta",
+]
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,7 @@ SUITE = (
     # a brain MRI's anisotropic size, registered by a smooth warp
     BenchCase("mri", 1, 1, (160, 192, 224), (160, 192, 224), "warp", "bilinear", "border", False, "float32", "NCDHW"),
     # small odd sizes (no dimension a multiple of a vector or a block), reflection with align_corners
-    BenchCase("odd", 1, 3, (37, 41, 43), (29, 31, 33), "affine", "bilinear", "reflection", True, "float32",
-              "NCDHW"),
+    BenchCase("odd", 1, 3, (37, 41, 43), (29, 31, 33), "affine", "bilinear", "reflection", True, "float32", "NCDHW"),
     # a grid that downsamples by two, few channels, channels-last (a multi-resolution pyramid)
     BenchCase("down4cl", 1, 4, 96, 48, "affine", "bilinear", "zeros", False, "float32", "NDHWC"),
     # many channels on a small volume (a feature map deep in a network)
@@ -77,11 +85,24 @@ WARP_SUITE = (
 # The affine field against F.affine_grid + F.grid_sample: an MRI volume's forward on one thread, a 128³ affine
 # registration step (theta requires grad, MSE to a fixed image), and the same with a displacement too.
 AFFINE_SUITE = (
-    BenchCase("affmri", 1, 1, (160, 192, 224), (160, 192, 224), "theta", "bilinear", "border", False, "float32",
-              "NCDHW", "affine"),
+    BenchCase(
+        "affmri",
+        1,
+        1,
+        (160, 192, 224),
+        (160, 192, 224),
+        "theta",
+        "bilinear",
+        "border",
+        False,
+        "float32",
+        "NCDHW",
+        "affine",
+    ),
     BenchCase("affreg128", 1, 1, 128, 128, "theta", "bilinear", "zeros", False, "float32", "NCDHW", "affine"),
-    BenchCase("affdisp128", 1, 1, 128, 128, "theta+displacement", "bilinear", "border", False, "float32", "NCDHW",
-              "affine"),
+    BenchCase(
+        "affdisp128", 1, 1, 128, 128, "theta+displacement", "bilinear", "border", False, "float32", "NCDHW", "affine"
+    ),
 )
 # Tricubic sampling against this library's bilinear at equal size (64 taps against 8).
 BICUBIC_SUITE = (
@@ -114,15 +135,17 @@ def affine_theta(batch: int, seed: int = 2, strength: float = 0.1) -> torch.Tens
     """A random affine theta (N, 3, 4) near the identity, as registration and augmentation draw them, float64."""
     generator = torch.Generator().manual_seed(seed)
     return torch.eye(3, 4, dtype=torch.float64) + strength * (
-        torch.rand(batch, 3, 4, generator=generator, dtype=torch.float64) * 2 - 1)
+        torch.rand(batch, 3, 4, generator=generator, dtype=torch.float64) * 2 - 1
+    )
 
 
 def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
     if case.grid_kind in ("theta", "theta+displacement"):  # the displacement, if any, comes with the inputs
         return affine_theta(case.batch)
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
-        field = inputs.smooth_displacement(case.batch, out_size, magnitude=0.016 * max(out_size), seed=1,
-                                          dtype=torch.float64)
+        field = inputs.smooth_displacement(
+            case.batch, out_size, magnitude=0.016 * max(out_size), seed=1, dtype=torch.float64
+        )
         return field.permute(0, 4, 1, 2, 3).contiguous()
     if case.grid_kind == "warp":
         return inputs.warp_grid(case.batch, out_size, seed=1, align_corners=case.align_corners)

@@ -2,6 +2,7 @@
 
 Each module has ``add_command(subparsers)``, which adds its parser with its handler.
 """
+
 from . import backends, bench, cases, check, compare, demo, run
 
 __all__ = ["COMMANDS"]

@@ -1,4 +1,5 @@
 """What the commands share: the error they report, the attribute flags, reading arrays, checking a device."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,15 +16,19 @@ class CliError(Exception):
 def add_attributes(parser: argparse.ArgumentParser, *, defaults: bool = True, backend: bool = True) -> None:
     """The backward's attribute flags. Without ``defaults`` a flag not given reads None, so that
     ``compare`` can tell it from a case folder's; it fills in the same defaults itself."""
+
     def default(value):
         return value if defaults else None
 
-    parser.add_argument("--interpolation-mode", default=default("bilinear"),
-                        help="bilinear (0), nearest (1) or bicubic (2, tricubic); default bilinear")
-    parser.add_argument("--padding-mode", default=default("zeros"),
-                        help="zeros (0), border (1) or reflection (2)")
-    parser.add_argument("--align-corners", action="store_true", default=default(False),
-                        help="treat -1/1 as corner voxel centres")
+    parser.add_argument(
+        "--interpolation-mode",
+        default=default("bilinear"),
+        help="bilinear (0), nearest (1) or bicubic (2, tricubic); default bilinear",
+    )
+    parser.add_argument("--padding-mode", default=default("zeros"), help="zeros (0), border (1) or reflection (2)")
+    parser.add_argument(
+        "--align-corners", action="store_true", default=default(False), help="treat -1/1 as corner voxel centres"
+    )
     parser.add_argument("--data-format", default=default("NCDHW"), help="NCDHW or NDHWC for grad, input and dx")
     if backend:
         parser.add_argument("--backend", default="auto", help="auto, reference, ... (see `gridsampler3d backends`)")

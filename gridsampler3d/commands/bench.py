@@ -1,4 +1,5 @@
 """The ``bench`` command: the benchmark suite (:mod:`gridsampler3d.bench`) against PyTorch, as tables and files."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,9 @@ def add_command(commands) -> None:
     """Add ``bench`` to the command line's subcommands."""
     bench = commands.add_parser("bench", help="time forward and backward against PyTorch (the benchmark suite)")
     bench.add_argument("--cases", help="comma-separated case names (default: all)")
-    bench.add_argument("--threads", help="threads for both libraries, or several counts in turn (1,2); "
-                                         "default: torch's setting")
+    bench.add_argument(
+        "--threads", help="threads for both libraries, or several counts in turn (1,2); default: torch's setting"
+    )
     bench.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median; default 7)")
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--backend", default="auto", help="our backend to time (default auto)")
@@ -22,14 +24,22 @@ def add_command(commands) -> None:
     bench.add_argument("--json", help="write the machine-readable report here")
     bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
-    bench.add_argument("--out", help="write a Markdown document of the run (machine, versions, date, a table per "
-                                     "thread count), as BENCHMARKS.md is written")
-    bench.add_argument("--readme", help="rewrite the speed table of this README (the block between its "
-                                        "'<!-- speed-table' and '<!-- /speed-table -->' lines) from the run")
-    bench.add_argument("--explain", action="store_true",
-                       help="print each case's plan (the CPU engine's strategy and its parameters) under its times")
+    bench.add_argument(
+        "--out",
+        help="write a Markdown document of the run (machine, versions, date, a table per "
+        "thread count), as BENCHMARKS.md is written",
+    )
+    bench.add_argument(
+        "--readme",
+        help="rewrite the speed table of this README (the block between its "
+        "'<!-- speed-table' and '<!-- /speed-table -->' lines) from the run",
+    )
+    bench.add_argument(
+        "--explain",
+        action="store_true",
+        help="print each case's plan (the CPU engine's strategy and its parameters) under its times",
+    )
     bench.set_defaults(handler=_bench)
-
 
 
 def _thread_counts(value: str | None) -> list:
@@ -55,9 +65,17 @@ def _bench(args: argparse.Namespace) -> int:
     reports = []
     for threads in counts:
         try:
-            reports.append(bench.run_suite(args.cases, device=args.device, backend=args.backend,
-                                           repeats=args.repeats, threads=threads, scale=args.scale,
-                                           explain=args.explain))
+            reports.append(
+                bench.run_suite(
+                    args.cases,
+                    device=args.device,
+                    backend=args.backend,
+                    repeats=args.repeats,
+                    threads=threads,
+                    scale=args.scale,
+                    explain=args.explain,
+                )
+            )
         except (ValueError, RuntimeError) as error:
             raise CliError(str(error)) from None
     if args.json:

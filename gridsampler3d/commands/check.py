@@ -9,6 +9,7 @@ composite in the same dtype; see ``gridsampler3d.precision``.) The Triton backen
 checked in both backward modes, fast (atomics) and deterministic, as ``triton/fast`` and
 ``triton/det``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,14 +35,17 @@ OUTPUTS = ("y", "dx", "dgrid")
 # Small odd sizes, a grid reaching past the volume so that every padding rule is exercised.
 BATCH, CHANNELS, INPUT_SIZE, OUTPUT_SIZE, GRID_BOUND = 2, 3, (5, 6, 7), (4, 5, 3), 1.2
 
-HEADER = (f"{'backend':<11} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<8} {'layout':<6} "
-          f"{'y':>7} {'dx':>7} {'dgrid':>7}  result")
+HEADER = (
+    f"{'backend':<11} {'mode':<9} {'padding':<11} {'align':<6} {'dtype':<8} {'layout':<6} "
+    f"{'y':>7} {'dx':>7} {'dgrid':>7}  result"
+)
 
 
 def _backend_names(device: torch.device, requested) -> list[str]:
     """The backends to check: those asked for, or every one that runs on ``device``."""
-    runs_here = [name for name, backend in BACKENDS.items()
-                 if backend.unavailable_reason() is None and backend.supports(device)]
+    runs_here = [
+        name for name, backend in BACKENDS.items() if backend.unavailable_reason() is None and backend.supports(device)
+    ]
     if requested is None:
         if not runs_here:
             raise RuntimeError(f"no backend runs on device {device} here")
@@ -85,8 +89,10 @@ def _expected(grad, x, grid, mode, padding, align_corners, layout) -> dict:
     golden_dx, golden_dgrid = precision.golden_backward(grad, x, grid, *attributes, data_format=layout)
     competitor_dx, competitor_dgrid = precision.competitor_backward(grad, x, grid, *attributes, data_format=layout)
     return {
-        "y": (precision.golden_forward(x, grid, *attributes, layout),
-              precision.competitor_forward(x, grid, *attributes, layout)),
+        "y": (
+            precision.golden_forward(x, grid, *attributes, layout),
+            precision.competitor_forward(x, grid, *attributes, layout),
+        ),
         "dx": (golden_dx, competitor_dx),
         "dgrid": (golden_dgrid, competitor_dgrid),
     }
@@ -106,8 +112,9 @@ def _variants(names: list[str]) -> list[tuple[str, str, bool | None]]:
 def _ours(backend, device, grad, x, grid, mode, padding, align_corners, layout, deterministic=None) -> dict:
     grad, x, grid = grad.to(device), x.to(device), grid.to(device)
     y = api.grid_sampler3d(x, grid, mode, padding, align_corners, data_format=layout, backend=backend)
-    dx, dgrid = api.grid_sampler3d_backward(grad, x, grid, mode, padding, align_corners, data_format=layout,
-                                            backend=backend, deterministic=deterministic)
+    dx, dgrid = api.grid_sampler3d_backward(
+        grad, x, grid, mode, padding, align_corners, data_format=layout, backend=backend, deterministic=deterministic
+    )
     return {"y": y, "dx": dx, "dgrid": dgrid}
 
 
@@ -121,8 +128,10 @@ def _judge(ours: dict, expected: dict, dtype: torch.dtype, device: torch.device)
             continue
         wrong_place = output.device.type != device.type
         if tuple(output.shape) != tuple(golden.shape) or output.dtype != dtype or wrong_place:
-            failures.append(f"{name}: got {tuple(output.shape)} {output.dtype} on {output.device}, expected "
-                            f"{tuple(golden.shape)} {dtype} on {device}")
+            failures.append(
+                f"{name}: got {tuple(output.shape)} {output.dtype} on {output.device}, expected "
+                f"{tuple(golden.shape)} {dtype} on {device}"
+            )
             continue
         report = precision.compare(name, output, golden, competitor, dtype)
         worst[name] = max(report.ratios)
@@ -142,8 +151,10 @@ def format_row(row: dict) -> str:
     result = "PASS" if row["passed"] else "FAIL"
     if row["error"]:
         result += f"  {row['error']}"
-    return (f"{row['backend']:<11} {row['mode']:<9} {row['padding']:<11} {str(row['align_corners']):<6} "
-            f"{row['dtype']:<8} {row['layout']:<6} {' '.join(cells)}  {result}")
+    return (
+        f"{row['backend']:<11} {row['mode']:<9} {row['padding']:<11} {str(row['align_corners']):<6} "
+        f"{row['dtype']:<8} {row['layout']:<6} {' '.join(cells)}  {result}"
+    )
 
 
 def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=print) -> list[dict]:
@@ -172,21 +183,33 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
     for mode, padding, align_corners, dtype_name, layout in cases:
         operands = _in_layout(grad64, x64, grid64, DTYPES[dtype_name], layout)
         inputs[dtype_name, layout] = operands
-        expected[mode, padding, align_corners, dtype_name, layout] = _expected(*operands, mode, padding,
-                                                                               align_corners, layout)
+        expected[mode, padding, align_corners, dtype_name, layout] = _expected(
+            *operands, mode, padding, align_corners, layout
+        )
 
     echo(HEADER)
     rows = []
     for label, name, deterministic in _variants(names):
         for mode, padding, align_corners, dtype_name, layout in cases:
-            row = {"backend": label, "device": str(device), "mode": mode, "padding": padding,
-                   "align_corners": align_corners, "dtype": dtype_name, "layout": layout,
-                   "worst_ratio": {}, "failures": [], "error": None}
+            row = {
+                "backend": label,
+                "device": str(device),
+                "mode": mode,
+                "padding": padding,
+                "align_corners": align_corners,
+                "dtype": dtype_name,
+                "layout": layout,
+                "worst_ratio": {},
+                "failures": [],
+                "error": None,
+            }
             try:
-                ours = _ours(name, device, *inputs[dtype_name, layout], mode, padding, align_corners, layout,
-                             deterministic)
+                ours = _ours(
+                    name, device, *inputs[dtype_name, layout], mode, padding, align_corners, layout, deterministic
+                )
                 row["worst_ratio"], row["failures"] = _judge(
-                    ours, expected[mode, padding, align_corners, dtype_name, layout], DTYPES[dtype_name], device)
+                    ours, expected[mode, padding, align_corners, dtype_name, layout], DTYPES[dtype_name], device
+                )
             except Exception as error:  # a crash fails this case; the others still run
                 row["error"] = f"{type(error).__name__}: {error}".splitlines()[0]
             row["passed"] = row["error"] is None and not row["failures"]
@@ -195,14 +218,20 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
 
     failed = [row for row in rows if not row["passed"]]
     limits = ", ".join(f"{metric} {limit:g}" for metric, limit in zip(("MARE", "MERE", "RMSE"), precision.RATIOS))
-    echo(f"ratios: ours / PyTorch's error in the same dtype, worst of MARE, MERE, RMSE (limits {limits}); "
-         "* marks a failing output")
+    echo(
+        f"ratios: ours / PyTorch's error in the same dtype, worst of MARE, MERE, RMSE (limits {limits}); "
+        "* marks a failing output"
+    )
     for row in failed:
         for failure in row["failures"]:
-            echo(f"FAIL {row['backend']} {row['mode']} {row['padding']} align_corners={row['align_corners']} "
-                 f"{row['dtype']} {row['layout']}: {failure}")
-    echo(f"{'FAILED' if failed else 'PASSED'}: {len(rows) - len(failed)}/{len(rows)} cases passed on {device} "
-         f"(backends: {', '.join(names)}; dtypes: {', '.join(dtype_names)}) in {time.perf_counter() - start:.1f} s")
+            echo(
+                f"FAIL {row['backend']} {row['mode']} {row['padding']} align_corners={row['align_corners']} "
+                f"{row['dtype']} {row['layout']}: {failure}"
+            )
+    echo(
+        f"{'FAILED' if failed else 'PASSED'}: {len(rows) - len(failed)}/{len(rows)} cases passed on {device} "
+        f"(backends: {', '.join(names)}; dtypes: {', '.join(dtype_names)}) in {time.perf_counter() - start:.1f} s"
+    )
     return rows
 
 
@@ -213,7 +242,6 @@ def add_command(commands) -> None:
     check.add_argument("--backends", help="comma-separated backend names (default: all that run on the device)")
     check.add_argument("--quick", action="store_true", help="float32 and float64 only")
     check.set_defaults(handler=_check)
-
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ MARE, MERE and RMSE against the float64 golden may be at most (2, 1.2, 1.2) time
 competitor's (or the dtype's floor, if larger), and its non-finite entries must sit exactly
 where the golden rounded to the dtype has them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,11 @@ def judge(case: Case, *, dx: torch.Tensor | None = None, dgrid: torch.Tensor | N
     operands = (case.grad, case.input, case.grid)
     golden = precision.golden_backward(*operands, output_mask=output_mask, **case.attributes())
     competitor = precision.competitor_backward(*operands, output_mask=output_mask, **case.attributes())
-    return {name: precision.compare(name, given[name], gold, theirs, case.dtype)
-            for name, gold, theirs in zip(OUTPUTS, golden, competitor) if given[name] is not None}
+    return {
+        name: precision.compare(name, given[name], gold, theirs, case.dtype)
+        for name, gold, theirs in zip(OUTPUTS, golden, competitor)
+        if given[name] is not None
+    }
 
 
 def passed(reports: dict) -> bool:
@@ -54,11 +58,27 @@ def _rows(reports: dict) -> list[tuple[str, ...]]:
     rows = []
     for name, report in reports.items():
         for metric, within, limit in zip(METRICS, report.within, report.limits):
-            rows.append((name, metric.upper(), f"{getattr(report.ours, metric):.4g}",
-                         f"{getattr(report.competitor, metric):.4g}", f"{limit:.4g}", "pass" if within else "FAIL"))
+            rows.append(
+                (
+                    name,
+                    metric.upper(),
+                    f"{getattr(report.ours, metric):.4g}",
+                    f"{getattr(report.competitor, metric):.4g}",
+                    f"{limit:.4g}",
+                    "pass" if within else "FAIL",
+                )
+            )
         misplaced, competitor_misplaced = report.ours.nonfinite_mismatches, report.competitor.nonfinite_mismatches
-        rows.append((name, "non-finite", f"{misplaced} misplaced", f"{competitor_misplaced} misplaced", "0 misplaced",
-                     "pass" if misplaced == 0 else "FAIL"))
+        rows.append(
+            (
+                name,
+                "non-finite",
+                f"{misplaced} misplaced",
+                f"{competitor_misplaced} misplaced",
+                "0 misplaced",
+                "pass" if misplaced == 0 else "FAIL",
+            )
+        )
     return rows
 
 
@@ -80,24 +100,32 @@ def _sources(case: Case) -> str:
 def format_report(case: Case, reports: dict) -> str:
     """The case, one table (output, metric, theirs, competitor, limit, verdict) and the verdict."""
     floor = precision.FLOORS[case.dtype]
-    lines = [f"case: {dtype_name(case.dtype)} {case.data_format} interpolation_mode={case.interpolation_mode} "
-             f"padding_mode={case.padding_mode} align_corners={case.align_corners}; x {tuple(case.input.shape)}, "
-             f"grid {tuple(case.grid.shape)}",
-             _sources(case)]
+    lines = [
+        f"case: {dtype_name(case.dtype)} {case.data_format} interpolation_mode={case.interpolation_mode} "
+        f"padding_mode={case.padding_mode} align_corners={case.align_corners}; x {tuple(case.input.shape)}, "
+        f"grid {tuple(case.grid.shape)}",
+        _sources(case),
+    ]
     rows = [HEADER, *_rows(reports)]
     widths = [max(len(row[column]) for row in rows) for column in range(len(HEADER))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     ratios = ", ".join(f"{metric.upper()} {ratio:g}" for metric, ratio in zip(METRICS, precision.RATIOS))
-    lines.append(f"limit: ({ratios}) times max(the competitor's, the {dtype_name(case.dtype)} floor {floor:g}); "
-                 f"non-finite entries must sit where the golden rounded to {dtype_name(case.dtype)} has them")
+    lines.append(
+        f"limit: ({ratios}) times max(the competitor's, the {dtype_name(case.dtype)} floor {floor:g}); "
+        f"non-finite entries must sit where the golden rounded to {dtype_name(case.dtype)} has them"
+    )
     failed = [f"{row[0]} {row[1]}" for row in rows[1:] if row[5] == "FAIL"]
     lines.append("verdict: PASS" if not failed else f"verdict: FAIL ({', '.join(failed)})")
     return "\n".join(lines)
 
 
 def _metrics(metrics: precision.Metrics) -> dict:
-    return {"mare": metrics.mare, "mere": metrics.mere, "rmse": metrics.rmse,
-            "nonfinite_mismatches": metrics.nonfinite_mismatches}
+    return {
+        "mare": metrics.mare,
+        "mere": metrics.mere,
+        "rmse": metrics.rmse,
+        "nonfinite_mismatches": metrics.nonfinite_mismatches,
+    }
 
 
 def to_json(reports: dict) -> dict:
@@ -105,40 +133,58 @@ def to_json(reports: dict) -> dict:
     outputs = {}
     for name, report in reports.items():
         limits = dict(zip(METRICS, report.limits), nonfinite_mismatches=0)
-        outputs[name] = {**_metrics(report.ours), "competitor": _metrics(report.competitor), "limits": limits,
-                         "pass": report.passed}
+        outputs[name] = {
+            **_metrics(report.ours),
+            "competitor": _metrics(report.competitor),
+            "limits": limits,
+            "pass": report.passed,
+        }
     return {"verdict": "pass" if passed(reports) else "fail", "outputs": outputs}
 
 
 def add_command(commands) -> None:
     """Add ``compare`` to the command line's subcommands."""
     compare = commands.add_parser(
-        "compare", help="judge another implementation's dx and dgrid by the precision rule: "
-                        "exit 0 pass, 1 fail, 2 unusable input",
+        "compare",
+        help="judge another implementation's dx and dgrid by the precision rule: exit 0 pass, 1 fail, 2 unusable input",
         description="Judge dx and dgrid against the float64 golden: MARE, MERE and RMSE at most 2, 1.2 and "
-                    "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
-                    "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes from --case, or from --grad, --input and --grid (.npy) with "
-                    "the attribute flags. Exit 0: every output given passes; 1: one fails; 2: unusable input.")
-    compare.add_argument("--case", metavar="DIR", help="a case folder written by `gridsampler3d cases` (inputs, attributes, dtype)")
+        "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
+        "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes from --case, or from --grad, --input and --grid (.npy) with "
+        "the attribute flags. Exit 0: every output given passes; 1: one fails; 2: unusable input.",
+    )
+    compare.add_argument(
+        "--case", metavar="DIR", help="a case folder written by `gridsampler3d cases` (inputs, attributes, dtype)"
+    )
     compare.add_argument("--grad", help="instead of --case: dL/dy, .npy (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C)")
     compare.add_argument("--input", help="instead of --case: x, .npy (N, C, Di, Hi, Wi) or (N, Di, Hi, Wi, C)")
     compare.add_argument("--grid", help="instead of --case: the grid, .npy (N, Do, Ho, Wo, 3)")
     add_attributes(compare, defaults=False, backend=False)
-    compare.add_argument("--dtype", metavar="DTYPE", help="without --case: float16, bfloat16, float32 or float64 (default: the "
-                                         "--input file's); .npy inputs of another dtype must hold its values exactly")
-    compare.add_argument("--dx", metavar="FILE", help="dx to judge: .npy, or raw little-endian .bin, in the case's dtype, "
-                                      "shaped like x")
-    compare.add_argument("--dgrid", metavar="FILE", help="dgrid to judge: .npy or .bin, in the case's dtype, shaped like the grid")
+    compare.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="without --case: float16, bfloat16, float32 or float64 (default: the "
+        "--input file's); .npy inputs of another dtype must hold its values exactly",
+    )
+    compare.add_argument(
+        "--dx", metavar="FILE", help="dx to judge: .npy, or raw little-endian .bin, in the case's dtype, shaped like x"
+    )
+    compare.add_argument(
+        "--dgrid", metavar="FILE", help="dgrid to judge: .npy or .bin, in the case's dtype, shaped like the grid"
+    )
     compare.add_argument("--json", metavar="PATH", help="also write the verdict and the metrics here as JSON")
     compare.set_defaults(handler=_compare)
-
 
 
 def _compare_case(args: argparse.Namespace):
     """The case to judge: a case folder, or three .npy files with the attribute flags."""
     inputs = {"--grad": args.grad, "--input": args.input, "--grid": args.grid}
-    attributes = {"--interpolation-mode": args.interpolation_mode, "--padding-mode": args.padding_mode,
-                  "--align-corners": args.align_corners, "--data-format": args.data_format, "--dtype": args.dtype}
+    attributes = {
+        "--interpolation-mode": args.interpolation_mode,
+        "--padding-mode": args.padding_mode,
+        "--align-corners": args.align_corners,
+        "--data-format": args.data_format,
+        "--dtype": args.dtype,
+    }
     if args.case is not None:
         clashing = [flag for flag, value in {**inputs, **attributes}.items() if value is not None]
         if clashing:
@@ -150,10 +196,15 @@ def _compare_case(args: argparse.Namespace):
     if args.dtype is not None and args.dtype not in DTYPES:
         raise CliError(f"--dtype must be one of {', '.join(DTYPES)}; got {args.dtype!r}")
     return golden_kit.case_from_npy(
-        args.grad, args.input, args.grid, dtype=DTYPES.get(args.dtype),
+        args.grad,
+        args.input,
+        args.grid,
+        dtype=DTYPES.get(args.dtype),
         interpolation_mode=mode_value(args.interpolation_mode or "bilinear"),
-        padding_mode=mode_value(args.padding_mode or "zeros"), align_corners=bool(args.align_corners),
-        data_format=args.data_format or "NCDHW")
+        padding_mode=mode_value(args.padding_mode or "zeros"),
+        align_corners=bool(args.align_corners),
+        data_format=args.data_format or "NCDHW",
+    )
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -162,8 +213,11 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         case = _compare_case(args)
         likes = {"dx": case.input, "dgrid": case.grid}
-        outputs = {name: golden_kit.read_array(path, label=f"--{name}", dtype=case.dtype, shape=likes[name].shape)
-                   for name, path in (("dx", args.dx), ("dgrid", args.dgrid)) if path is not None}
+        outputs = {
+            name: golden_kit.read_array(path, label=f"--{name}", dtype=case.dtype, shape=likes[name].shape)
+            for name, path in (("dx", args.dx), ("dgrid", args.dgrid))
+            if path is not None
+        }
         reports = judge(case, **outputs)
     except (TypeError, ValueError, RuntimeError) as error:
         raise CliError(str(error)) from None

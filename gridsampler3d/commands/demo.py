@@ -13,6 +13,7 @@ library's kernels, with no grid tensor, and gets d(loss)/du from them directly. 
 (per voxel of the image), which spares a dozen full-size operations per step. The labels
 of the structures, warped with nearest sampling, give the Dice overlap before and after.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,11 @@ from .arguments import CliError, require_device
 
 __all__ = ["run_demo", "dice_scores", "normalised_cross_correlation"]
 
-SMOOTHING_SIGMA = 1.0          # voxels, of the Gaussian that softens the phantom's edges
-TRUE_LATTICE = 4               # control points per axis of the known random deformation
-TRUE_MAX_DISPLACEMENT = 0.15   # largest known displacement, as a fraction of the edge
-CONTROL_SPACING = 4            # voxels between the control points being optimised
-LEARNING_RATE = 0.25           # voxels per Adam step
+SMOOTHING_SIGMA = 1.0  # voxels, of the Gaussian that softens the phantom's edges
+TRUE_LATTICE = 4  # control points per axis of the known random deformation
+TRUE_MAX_DISPLACEMENT = 0.15  # largest known displacement, as a fraction of the edge
+CONTROL_SPACING = 4  # voxels between the control points being optimised
+LEARNING_RATE = 0.25  # voxels per Adam step
 SMOOTHNESS_WEIGHT = 0.005
 
 
@@ -44,7 +45,7 @@ def _gaussian_smooth(volume: torch.Tensor, sigma: float) -> torch.Tensor:
     """Separable Gaussian blur of (N, C, D, H, W), edges replicated; same shape."""
     radius = max(int(3 * sigma), 1)
     offsets = torch.arange(-radius, radius + 1, dtype=volume.dtype, device=volume.device)
-    kernel = torch.exp(-offsets**2 / (2 * sigma**2))
+    kernel = torch.exp(-(offsets**2) / (2 * sigma**2))
     kernel = kernel / kernel.sum()
     channels = volume.shape[1]
     for axis in range(3):
@@ -97,8 +98,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("the demo draws its figures with matplotlib, which is not installed; "
-                           "pip install 'gridsampler3d[bench]'") from None
+        raise RuntimeError(
+            "the demo draws its figures with matplotlib, which is not installed; pip install 'gridsampler3d[bench]'"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -125,8 +127,9 @@ def _write_slices(plt, path: Path, rows: dict, fixed_labels: np.ndarray) -> None
             else:
                 axis.imshow(image, cmap="gray", origin="lower", vmin=0, vmax=1)
                 # Outlines of the fixed image's structures show the misalignment at a glance.
-                axis.contour(contours[column], levels=np.arange(0.5, fixed_labels.max() + 1), colors="red",
-                             linewidths=0.8)
+                axis.contour(
+                    contours[column], levels=np.arange(0.5, fixed_labels.max() + 1), colors="red", linewidths=0.8
+                )
             axis.set_xticks([])
             axis.set_yticks([])
             if row == 0:
@@ -154,8 +157,15 @@ def _write_loss(plt, path: Path, losses: list[float], similarities: list[float])
     plt.close(figure)
 
 
-def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/demo", seed: int = 0,
-             echo=print, progress: bool = True) -> dict:
+def run_demo(
+    size: int = 48,
+    steps: int = 100,
+    device: str = "cpu",
+    out="out/demo",
+    seed: int = 0,
+    echo=print,
+    progress: bool = True,
+) -> dict:
     """Register a warped phantom back onto the original; write figures and a summary.
 
     Args:
@@ -215,14 +225,19 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
     per_label_before = dice_scores(moving_labels, fixed_labels, label_ids)
     per_label_after = dice_scores(warped_labels, fixed_labels, label_ids)
     summary = {
-        "size": size, "steps": steps, "device": str(device), "seed": seed,
-        "dice_before": float(np.mean(per_label_before)), "dice_after": float(np.mean(per_label_after)),
+        "size": size,
+        "steps": steps,
+        "device": str(device),
+        "seed": seed,
+        "dice_before": float(np.mean(per_label_before)),
+        "dice_after": float(np.mean(per_label_after)),
         "dice_per_label_before": dict(zip(map(str, label_ids), per_label_before)),
         "dice_per_label_after": dict(zip(map(str, label_ids), per_label_after)),
         "similarity": "global normalised cross-correlation (1 is perfect)",
         "similarity_before": normalised_cross_correlation(moving, fixed),
         "similarity_after": normalised_cross_correlation(warped, fixed),
-        "mse_before": float(F.mse_loss(moving, fixed)), "mse_after": float(F.mse_loss(warped, fixed)),
+        "mse_before": float(F.mse_loss(moving, fixed)),
+        "mse_after": float(F.mse_loss(warped, fixed)),
         "max_displacement_known": float(known.norm(dim=1).max()),
         "max_displacement_found": float(displacement.norm(dim=1).max()),
         "losses": losses,
@@ -232,15 +247,16 @@ def run_demo(size: int = 48, steps: int = 100, device: str = "cpu", out="out/dem
     out.mkdir(parents=True, exist_ok=True)
     files = {"slices": out / "slices.png", "loss": out / "loss.png", "summary": out / "summary.json"}
     rows = {"fixed": fixed, "moving": moving, "warped": warped, "|u| found": displacement.norm(dim=1, keepdim=True)}
-    _write_slices(plt, files["slices"], {title: tensor[0, 0].cpu().numpy() for title, tensor in rows.items()},
-                  labels)
+    _write_slices(plt, files["slices"], {title: tensor[0, 0].cpu().numpy() for title, tensor in rows.items()}, labels)
     _write_loss(plt, files["loss"], losses, mses)
     summary["files"] = {name: str(path) for name, path in files.items()}
     summary["seconds"] = time.perf_counter() - start
     files["summary"].write_text(json.dumps(summary, indent=2) + "\n")
 
-    echo(f"phantom {size}³ warped by a known smooth deformation (max {summary['max_displacement_known']:.1f} "
-         f"voxels); {steps} Adam steps on {device}")
+    echo(
+        f"phantom {size}³ warped by a known smooth deformation (max {summary['max_displacement_known']:.1f} "
+        f"voxels); {steps} Adam steps on {device}"
+    )
     echo(f"{'':12} {'before':>8} {'after':>8}")
     echo(f"{'MSE':12} {summary['mse_before']:8.2e} {summary['mse_after']:8.2e}")
     echo(f"{'NCC':12} {summary['similarity_before']:8.4f} {summary['similarity_after']:8.4f}")
@@ -262,7 +278,6 @@ def add_command(commands) -> None:
     demo.set_defaults(handler=_demo)
 
 
-
 def _demo(args: argparse.Namespace) -> int:
     require_device(args.device)
     if args.size < 8:
@@ -270,8 +285,7 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise CliError(f"--steps must be at least 1; got {args.steps}")
     if args.device == "cpu":
-        print("a first run compiles the CPU kernels once (cached on disk), about a minute",
-              file=sys.stderr, flush=True)
+        print("a first run compiles the CPU kernels once (cached on disk), about a minute", file=sys.stderr, flush=True)
     try:
         run_demo(size=args.size, steps=args.steps, device=args.device, out=args.out, seed=args.seed)
     except OSError as error:

@@ -1,4 +1,5 @@
 """The ``run`` command: dx and dgrid of .npy files, or of the built-in case, written as .npy with a summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,6 @@ def add_command(commands) -> None:
     run.set_defaults(handler=_run)
 
 
-
 def _run(args: argparse.Namespace) -> int:
     from .. import api, inputs
 
@@ -40,14 +40,23 @@ def _run(args: argparse.Namespace) -> int:
         arrays = inputs.default_case(size=args.size)
         source = f"built-in default case: {args.size}³ phantom, smooth random warp, MSE gradient"
 
-    print("computing dx and dgrid (a first run compiles the CPU kernels once and caches them on disk: "
-          "under ten seconds)", file=sys.stderr, flush=True)
+    print(
+        "computing dx and dgrid (a first run compiles the CPU kernels once and caches them on disk: under ten seconds)",
+        file=sys.stderr,
+        flush=True,
+    )
     start = time.perf_counter()
     try:
         dx, dgrid = api.grid_sampler3d_backward(
-            arrays["grad"], arrays["input"], arrays["grid"], interpolation_mode=mode_value(args.interpolation_mode),
-            padding_mode=mode_value(args.padding_mode), align_corners=args.align_corners,
-            data_format=args.data_format, backend=args.backend)
+            arrays["grad"],
+            arrays["input"],
+            arrays["grid"],
+            interpolation_mode=mode_value(args.interpolation_mode),
+            padding_mode=mode_value(args.padding_mode),
+            align_corners=args.align_corners,
+            data_format=args.data_format,
+            backend=args.backend,
+        )
     except (TypeError, ValueError, RuntimeError, NotImplementedError) as error:
         raise CliError(str(error)) from None
     elapsed = time.perf_counter() - start
@@ -63,14 +72,18 @@ def _run(args: argparse.Namespace) -> int:
     print(f"input:  {source}")
     for name in ("grad", "input", "grid"):
         print(f"  {name:<6} {str(arrays[name].shape):<26} {arrays[name].dtype}")
-    print(f"attributes: interpolation_mode={args.interpolation_mode} padding_mode={args.padding_mode} "
-          f"align_corners={args.align_corners} data_format={args.data_format} backend={args.backend}")
+    print(
+        f"attributes: interpolation_mode={args.interpolation_mode} padding_mode={args.padding_mode} "
+        f"align_corners={args.align_corners} data_format={args.data_format} backend={args.backend}"
+    )
     print(f"backward: {elapsed * 1e3:.1f} ms")
     for name, array in (("dx", dx), ("dgrid", dgrid)):
         values = array.astype(np.float64)
         finite = np.isfinite(values)
         norm = np.linalg.norm(values[finite]) if finite.any() else 0.0
-        print(f"  {name:<6} {str(array.shape):<26} {array.dtype}  L2 {norm:.6g}  max|.| "
-              f"{np.abs(values[finite]).max() if finite.any() else 0.0:.6g}  non-finite {int((~finite).sum())}"
-              f"  -> {out / (name + '.npy')}")
+        print(
+            f"  {name:<6} {str(array.shape):<26} {array.dtype}  L2 {norm:.6g}  max|.| "
+            f"{np.abs(values[finite]).max() if finite.any() else 0.0:.6g}  non-finite {int((~finite).sum())}"
+            f"  -> {out / (name + '.npy')}"
+        )
     return 0

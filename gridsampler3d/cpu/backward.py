@@ -8,6 +8,7 @@ thread only into the (n, z) planes it owns (:mod:`.slabs`), with a branch-free p
 points whose eight taps all land there. Kernels are built per (interpolation, padding,
 align_corners) and kind of field, compiled on first use and cached on disk.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,13 +17,37 @@ from typing import NamedTuple
 import numpy as np
 
 from ..sampling import FieldKind, Sampling
-from .block import (borrow, masked_offsets, nearest_cells, row_origin, row_position, scratch_cells, slab_taps, slot,
-                    tap_delta, tap_weight, trilinear_cells, unsigned)
+from .block import (
+    borrow,
+    masked_offsets,
+    nearest_cells,
+    row_origin,
+    row_position,
+    scratch_cells,
+    slab_taps,
+    slot,
+    tap_delta,
+    tap_weight,
+    trilinear_cells,
+    unsigned,
+)
 from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
-from .records import (ALL_TAPS, Carry, CarryMode, Cells, CoordinateRule, Geometry, Operand, Outputs, Points, RowRanges,
-                      coordinate_rule)
+from .records import (
+    ALL_TAPS,
+    Carry,
+    CarryMode,
+    Cells,
+    CoordinateRule,
+    Geometry,
+    Operand,
+    Outputs,
+    Points,
+    RowRanges,
+    coordinate_rule,
+)
 from .tuning import BLOCK, VECTOR_CHANNELS
+
 
 class _Scratch(NamedTuple):
     """The arrays a backward pass works in, each with one row per part (see :func:`.jit.part_kernel`).
@@ -35,6 +60,7 @@ class _Scratch(NamedTuple):
     slab (1 per point); ``zeroed`` the run of dx planes zeroed so far (2 entries, see
     :func:`zero_reached`).
     """
+
     cells: Cells
     weights: np.ndarray
     pairs: np.ndarray
@@ -50,9 +76,16 @@ class _Scratch(NamedTuple):
 def _scratch(parts: int, operands, geometry, *rest):
     """(:class:`_Scratch`,): a backward pass's scratch, one row per part."""
     reals = [part_rows(parts, entries * BLOCK) for entries in (8, 12, 1, 1, 1)]
-    return _Scratch(scratch_cells(parts, multipliers=True), *reals, part_rows(parts, 3 * geometry.channels),
-                    part_rows(parts, 8 * BLOCK, np.int64), part_rows(parts, BLOCK, np.int64),
-                    part_rows(parts, 2, np.int64)),
+    return (
+        _Scratch(
+            scratch_cells(parts, multipliers=True),
+            *reals,
+            part_rows(parts, 3 * geometry.channels),
+            part_rows(parts, 8 * BLOCK, np.int64),
+            part_rows(parts, BLOCK, np.int64),
+            part_rows(parts, 2, np.int64),
+        ),
+    )
 
 
 @helper
@@ -61,13 +94,28 @@ def _part_scratch(scratch, part):
     inside a helper is optimised once more, and compile time is a first call's)."""
     cells = Cells(*scratch[0])  # named again, as every record a kernel is given (:func:`.records.unnamed`)
     scratch = _Scratch(cells, *scratch[1:])
-    return _Scratch(Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
-                          borrowed(cells.other_corner)[part], borrowed(cells.inside)[part],
-                          borrowed(cells.lowest)[part], borrowed(cells.mx)[part], borrowed(cells.my)[part],
-                          borrowed(cells.mz)[part]),
-                    borrowed(scratch.weights)[part], borrowed(scratch.pairs)[part], borrowed(scratch.grad_x)[part],
-                    borrowed(scratch.grad_y)[part], borrowed(scratch.grad_z)[part], borrowed(scratch.terms)[part],
-                    borrowed(scratch.offsets)[part], borrowed(scratch.taps)[part], borrowed(scratch.zeroed)[part])
+    return _Scratch(
+        Cells(
+            borrowed(cells.coords)[part],
+            borrowed(cells.sides)[part],
+            borrowed(cells.corner)[part],
+            borrowed(cells.other_corner)[part],
+            borrowed(cells.inside)[part],
+            borrowed(cells.lowest)[part],
+            borrowed(cells.mx)[part],
+            borrowed(cells.my)[part],
+            borrowed(cells.mz)[part],
+        ),
+        borrowed(scratch.weights)[part],
+        borrowed(scratch.pairs)[part],
+        borrowed(scratch.grad_x)[part],
+        borrowed(scratch.grad_y)[part],
+        borrowed(scratch.grad_z)[part],
+        borrowed(scratch.terms)[part],
+        borrowed(scratch.offsets)[part],
+        borrowed(scratch.taps)[part],
+        borrowed(scratch.zeroed)[part],
+    )
 
 
 class BackwardOperands(NamedTuple):
@@ -78,6 +126,7 @@ class BackwardOperands(NamedTuple):
     respect to the position; :func:`gridsampler3d.affine.matrix_gradient`); both empty for
     other fields.
     """
+
     grad: Operand
     x: Operand
     grid: Operand
@@ -148,6 +197,7 @@ class RowPlace(NamedTuple):
     """Where an output row stands for one part (:func:`_row_place`): whether it computes dx and the field's
     gradient, its (n, d, h), this part's planes z_lo .. z_hi - 1 of batch n its taps may reach, and where
     its first point lies in the field, in the field's gradient and in grad."""
+
     do_dx: bool
     do_dfield: bool
     n: int
@@ -163,6 +213,7 @@ class RowPlace(NamedTuple):
 class BlockPlace(NamedTuple):
     """Where a block of a row's points starts: in grad, in the field's gradient and in the carried sums; its
     batch item, and the part's slab z_lo .. z_hi - 1; its row and its first point's column."""
+
     grad_at: int
     dfield_at: int
     carry_at: int
@@ -174,8 +225,13 @@ class BlockPlace(NamedTuple):
 
 
 @functools.cache
-def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = True, exact_remainder: bool = False,
-                    channels_last: bool = False):
+def backward_kernel(
+    sampling: Sampling,
+    field: FieldKind,
+    pytorch_terms: bool = True,
+    exact_remainder: bool = False,
+    channels_last: bool = False,
+):
     """The backward kernel of one sampling rule and kind of field.
 
     ``pytorch_terms`` keeps PyTorch's terms and association in the grid gradient (float64
@@ -209,14 +265,22 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
     """
     # The records as the constants the kernel is compiled with.
     interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
-        sampling, field, forward=False, exact_remainder=exact_remainder)
+        sampling, field, forward=False, exact_remainder=exact_remainder
+    )
     nearest = interpolation == NEAREST
 
     @part_kernel
     def kernel(operands, geometry, parts, rows, outputs, carry, unresolved_operand, scratch, part):
         # The records, given as plain tuples (:func:`.records.unnamed`), named again.
-        ops = BackwardOperands(borrow(operands[0]), borrow(operands[1]), borrow(operands[2]), borrow(operands[3]),
-                               borrow(operands[4]), borrow(operands[5]), borrow(operands[6]))
+        ops = BackwardOperands(
+            borrow(operands[0]),
+            borrow(operands[1]),
+            borrow(operands[2]),
+            borrow(operands[3]),
+            borrow(operands[4]),
+            borrow(operands[5]),
+            borrow(operands[6]),
+        )
         geometry, outputs = Geometry(*geometry), Outputs(*outputs)
         work = _part_scratch(scratch, part)
         ranges, carried = RowRanges(borrowed(rows[0]), borrowed(rows[1])), Carry(borrowed(carry[0]), carry[1])
@@ -230,11 +294,23 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
             at = _row_place(ops, geometry, field_code, row, planes, ranges, outputs, 1 if nearest else 2)
             n, do_dx = at.n, at.do_dx
             for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
-                points = Points(at.field_at + start * ops.grid.strides[3], ops.grid.strides[3], ops.grid.strides[4],
-                                min(BLOCK, geometry.out_sizes[2] - start))
+                points = Points(
+                    at.field_at + start * ops.grid.strides[3],
+                    ops.grid.strides[3],
+                    ops.grid.strides[4],
+                    min(BLOCK, geometry.out_sizes[2] - start),
+                )
                 origin = row_origin(ops.matrix.array, field_code, n, at.h, at.d, start)
-                place = BlockPlace(at.grad_at + start * ops.grad.strides[4], at.dfield_at + start * ops.dgrid.strides[3],
-                                   (row - planes[2]) * geometry.out_sizes[2] + start, n, at.z_lo, at.z_hi, row, start)
+                place = BlockPlace(
+                    at.grad_at + start * ops.grad.strides[4],
+                    at.dfield_at + start * ops.dgrid.strides[3],
+                    (row - planes[2]) * geometry.out_sizes[2] + start,
+                    n,
+                    at.z_lo,
+                    at.z_hi,
+                    row,
+                    start,
+                )
                 # Each choice below is made by the kernel's constants, so that each kernel
                 # compiles only its own path (docs/cpu.md, "Compilation").
                 if nearest:
@@ -242,35 +318,66 @@ def backward_kernel(sampling: Sampling, field: FieldKind, pytorch_terms: bool = 
                         unresolved[part] = 1
                         return
                     continue
-                if trilinear_cells(ops.grid.array, points, geometry.sizes, rule, origin, x_spatial, dx_spatial,
-                                   work.cells, True):
+                if trilinear_cells(
+                    ops.grid.array, points, geometry.sizes, rule, origin, x_spatial, dx_spatial, work.cells, True
+                ):
                     unresolved[part] = 1
                     return
                 if do_dx:  # the taps in this part's slab; the planes they reach, zeroed where not yet
                     slab_taps(points.count, work.cells.inside, work.cells.lowest, place.z_lo, place.z_hi, work.taps)
-                    zero_reached(ops.dx, geometry, work.zeroed, (points.count, work.cells.lowest, work.taps, 2),
-                                 False, n * geometry.sizes[0], place.z_lo, place.z_hi)
+                    zero_reached(
+                        ops.dx,
+                        geometry,
+                        work.zeroed,
+                        (points.count, work.cells.lowest, work.taps, 2),
+                        False,
+                        n * geometry.sizes[0],
+                        place.z_lo,
+                        place.z_hi,
+                    )
                 if at.do_dfield:
                     masked_offsets(points.count, work.cells.corner, work.cells.inside, x_spatial, work.offsets)
                     sums = (work.grad_x, work.grad_y, work.grad_z)
                     _start_sums(points.count, carried, place.carry_at, sums)
                     if pytorch_terms:
-                        _grid_gradient(points.count, ops.grad, place.grad_at, ops.x, n * ops.x.strides[0],
-                                       geometry.channels, work.cells, work.offsets, work.pairs, sums)
+                        _grid_gradient(
+                            points.count,
+                            ops.grad,
+                            place.grad_at,
+                            ops.x,
+                            n * ops.x.strides[0],
+                            geometry.channels,
+                            work.cells,
+                            work.offsets,
+                            work.pairs,
+                            sums,
+                        )
                     elif channels_last:
                         _channels_last_gradient(ops, geometry.channels, points.count, place, work, sums)
                     else:
-                        _grid_gradient_separable(points.count, ops.grad, place.grad_at, ops.x, n * ops.x.strides[0],
-                                                 geometry.channels, work.cells, work.offsets, work.pairs, sums)
+                        _grid_gradient_separable(
+                            points.count,
+                            ops.grad,
+                            place.grad_at,
+                            ops.x,
+                            n * ops.x.strides[0],
+                            geometry.channels,
+                            work.cells,
+                            work.offsets,
+                            work.pairs,
+                            sums,
+                        )
                     _store_sums(points.count, ops, geometry, rule, place, carried, work.cells, sums)
                 if do_dx and channels_last:
                     _channels_last_scatter(ops, geometry.channels, points.count, place, work)
                 elif do_dx:
-                    _scatter(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels,
-                             work)
+                    _scatter(
+                        points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels, work
+                    )
         if outputs.dx:  # the planes no point reached
-            zero_reached(ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0],
-                         planes[1])
+            zero_reached(
+                ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0], planes[1]
+            )
 
     return Parallel(kernel, _scratch)
 
@@ -284,8 +391,11 @@ def _row_place(ops, geometry, field, row, planes, ranges, outputs, reach):
     z_hi = min(planes[1] - n * depth, depth)
     in_slab = z_lo < z_hi
     # Empty ranges: every row is walked (the part owns every plane).
-    do_dx = in_slab and outputs.dx and (ranges.first.size == 0 or (ranges.last[row] + reach > z_lo
-                                                                   and ranges.first[row] < z_hi))
+    do_dx = (
+        in_slab
+        and outputs.dx
+        and (ranges.first.size == 0 or (ranges.last[row] + reach > z_lo and ranges.first[row] < z_hi))
+    )
     grid, dgrid, grad = ops.grid.strides, ops.dgrid.strides, ops.grad.strides
     # Where the row's x components start in grid and dgrid (a displacement's dx sits above dz).
     first_point = n * grid[0] + d * grid[1] + h * grid[2] - (2 * grid[4] if field != GRID else 0)
@@ -304,10 +414,26 @@ def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
         return False
     if do_dx:
         slab_taps(points.count, cells.inside, cells.lowest, z_lo, z_hi, work.taps)
-        zero_reached(ops.dx, geometry, work.zeroed, (points.count, cells.lowest, work.taps, 1), False,
-                     n * geometry.sizes[0], z_lo, z_hi)
-        _scatter_nearest(points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels,
-                         cells.corner, work.taps)
+        zero_reached(
+            ops.dx,
+            geometry,
+            work.zeroed,
+            (points.count, cells.lowest, work.taps, 1),
+            False,
+            n * geometry.sizes[0],
+            z_lo,
+            z_hi,
+        )
+        _scatter_nearest(
+            points.count,
+            ops.dx,
+            n * ops.dx.strides[0],
+            ops.grad,
+            place.grad_at,
+            geometry.channels,
+            cells.corner,
+            work.taps,
+        )
     return True
 
 
@@ -320,11 +446,24 @@ def _channels_last_gradient(ops, channels, count, place, work, sums):
         # (Each separable path computes its pair weights: hoisted above both, the
         # backward took 1.05 (cl64) to 1.08 (feat48) of its time at two threads.)
         _pair_weights(count, work.cells.sides, work.pairs)
-        _grid_gradient_channels_inner(count, ops.grad.array, place.grad_at, ops.grad.strides[4], ops.x.array, x_batch,
-                                      channels, work.cells.inside, work.offsets, work.pairs, work.terms, sums)
+        _grid_gradient_channels_inner(
+            count,
+            ops.grad.array,
+            place.grad_at,
+            ops.grad.strides[4],
+            ops.x.array,
+            x_batch,
+            channels,
+            work.cells.inside,
+            work.offsets,
+            work.pairs,
+            work.terms,
+            sums,
+        )
         return
-    _grid_gradient_separable(count, ops.grad, place.grad_at, ops.x, x_batch, channels, work.cells, work.offsets,
-                             work.pairs, sums)
+    _grid_gradient_separable(
+        count, ops.grad, place.grad_at, ops.x, x_batch, channels, work.cells, work.offsets, work.pairs, sums
+    )
 
 
 @helper
@@ -333,9 +472,19 @@ def _channels_last_scatter(ops, channels, count, place, work):
     dx_batch = place.n * ops.dx.strides[0]
     if channels >= VECTOR_CHANNELS and ops.grad.strides[1] == 1 and ops.dx.strides[1] == 1:
         dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
-        _scatter_channels_inner(count, ops.dx.array, dx_batch, dx_spatial, ops.grad.array, place.grad_at,
-                                ops.grad.strides[4], channels, _tap_weights(count, work), work.cells.other_corner,
-                                work.taps)
+        _scatter_channels_inner(
+            count,
+            ops.dx.array,
+            dx_batch,
+            dx_spatial,
+            ops.grad.array,
+            place.grad_at,
+            ops.grad.strides[4],
+            channels,
+            _tap_weights(count, work),
+            work.cells.other_corner,
+            work.taps,
+        )
         return
     _scatter(count, ops.dx, dx_batch, ops.grad, place.grad_at, channels, work)
 
@@ -388,8 +537,9 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
         return
     unit = 1 if rule.align_corners else 0
     depth, height, width = geometry.sizes
-    slope_x, slope_y, slope_z = (1.0, 1.0, 1.0) if rule.field != GRID else (
-        (width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
+    slope_x, slope_y, slope_z = (
+        (1.0, 1.0, 1.0) if rule.field != GRID else ((width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
+    )
     zeros = rule.padding == ZEROS
     if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
         if ops.moments.array.size:
@@ -400,9 +550,9 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
     if rule.field != GRID and step == 1:
         # A displacement's components are three contiguous rows: stored through views,
         # each in a loop of its own, the stores vectorise (docs/cpu.md).
-        row_x = dgrid.array[at:at + count]
-        row_y = dgrid.array[at + component:at + component + count]
-        row_z = dgrid.array[at + 2 * component:at + 2 * component + count]
+        row_x = dgrid.array[at : at + count]
+        row_y = dgrid.array[at + component : at + component + count]
+        row_z = dgrid.array[at + 2 * component : at + 2 * component + count]
         for i in range(count):
             row_x[i] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
         for i in range(count):
@@ -422,7 +572,7 @@ def _add_moments(count, moments, place, zeros, cells, sums):
     """An affine field's row moments (:class:`BackwardOperands`) gain this block's points, in order; the row's first
     block starts them from zero. ``g``, the gradient with respect to the position, is the multiplier (1 with
     zeros padding) times the sum, as the displacement's gradient stores it."""
-    row = moments[place.row * 6:place.row * 6 + 6]
+    row = moments[place.row * 6 : place.row * 6 + 6]
     if place.start == 0:
         row[:] = 0.0
     grad_x, grad_y, grad_z = sums
@@ -504,12 +654,18 @@ def _grid_gradient_separable(count, grad, grad_at, x, x_batch, channels, cells, 
                 tx = (first << 1) | (second << 2)
                 ty = first | (second << 2)
                 tz = first | (second << 1)
-                along_x += pairs[slot(edge, i)] * (_tap_value(x_array, source, offsets, bits, tx | 1, i)
-                                                   - _tap_value(x_array, source, offsets, bits, tx, i))
-                along_y += pairs[slot(4 + edge, i)] * (_tap_value(x_array, source, offsets, bits, ty | 2, i)
-                                                       - _tap_value(x_array, source, offsets, bits, ty, i))
-                along_z += pairs[slot(8 + edge, i)] * (_tap_value(x_array, source, offsets, bits, tz | 4, i)
-                                                       - _tap_value(x_array, source, offsets, bits, tz, i))
+                along_x += pairs[slot(edge, i)] * (
+                    _tap_value(x_array, source, offsets, bits, tx | 1, i)
+                    - _tap_value(x_array, source, offsets, bits, tx, i)
+                )
+                along_y += pairs[slot(4 + edge, i)] * (
+                    _tap_value(x_array, source, offsets, bits, ty | 2, i)
+                    - _tap_value(x_array, source, offsets, bits, ty, i)
+                )
+                along_z += pairs[slot(8 + edge, i)] * (
+                    _tap_value(x_array, source, offsets, bits, tz | 4, i)
+                    - _tap_value(x_array, source, offsets, bits, tz, i)
+                )
             grad_x[i] += along_x * g
             grad_y[i] += along_y * g
             grad_z[i] += along_z * g
@@ -529,8 +685,9 @@ def _pair_weights(count, sides, pairs):
 
 # Called, not inlined, as the other channels-last paths.
 @outlined_helper
-def _grid_gradient_channels_inner(count, grad, grad_at, grad_step, x, x_batch, channels, inside, offsets, pairs,
-                                  terms, sums):
+def _grid_gradient_channels_inner(
+    count, grad, grad_at, grad_step, x, x_batch, channels, inside, offsets, pairs, terms, sums
+):
     """Channels-last :func:`_grid_gradient_separable`, bit for bit: each tap's channels read as one vector.
 
     Per point, each channel's three terms ``along * g`` are computed across the channels
@@ -539,19 +696,19 @@ def _grid_gradient_channels_inner(count, grad, grad_at, grad_step, x, x_batch, c
     one point's 3 * ``channels`` terms.
     """
     grad_x, grad_y, grad_z = sums
-    term_x, term_y, term_z = terms[:channels], terms[channels:2 * channels], terms[2 * channels:3 * channels]
+    term_x, term_y, term_z = terms[:channels], terms[channels : 2 * channels], terms[2 * channels : 3 * channels]
     for i in range(count):
         bits = inside[i]
         # The eight taps' channel vectors (an outside tap's offset is 0: a valid row, read as 0 below).
-        v0 = x[x_batch + offsets[slot(0, i)]:x_batch + offsets[slot(0, i)] + channels]
-        v1 = x[x_batch + offsets[slot(1, i)]:x_batch + offsets[slot(1, i)] + channels]
-        v2 = x[x_batch + offsets[slot(2, i)]:x_batch + offsets[slot(2, i)] + channels]
-        v3 = x[x_batch + offsets[slot(3, i)]:x_batch + offsets[slot(3, i)] + channels]
-        v4 = x[x_batch + offsets[slot(4, i)]:x_batch + offsets[slot(4, i)] + channels]
-        v5 = x[x_batch + offsets[slot(5, i)]:x_batch + offsets[slot(5, i)] + channels]
-        v6 = x[x_batch + offsets[slot(6, i)]:x_batch + offsets[slot(6, i)] + channels]
-        v7 = x[x_batch + offsets[slot(7, i)]:x_batch + offsets[slot(7, i)] + channels]
-        g_row = grad[grad_at + i * grad_step:grad_at + i * grad_step + channels]
+        v0 = x[x_batch + offsets[slot(0, i)] : x_batch + offsets[slot(0, i)] + channels]
+        v1 = x[x_batch + offsets[slot(1, i)] : x_batch + offsets[slot(1, i)] + channels]
+        v2 = x[x_batch + offsets[slot(2, i)] : x_batch + offsets[slot(2, i)] + channels]
+        v3 = x[x_batch + offsets[slot(3, i)] : x_batch + offsets[slot(3, i)] + channels]
+        v4 = x[x_batch + offsets[slot(4, i)] : x_batch + offsets[slot(4, i)] + channels]
+        v5 = x[x_batch + offsets[slot(5, i)] : x_batch + offsets[slot(5, i)] + channels]
+        v6 = x[x_batch + offsets[slot(6, i)] : x_batch + offsets[slot(6, i)] + channels]
+        v7 = x[x_batch + offsets[slot(7, i)] : x_batch + offsets[slot(7, i)] + channels]
+        g_row = grad[grad_at + i * grad_step : grad_at + i * grad_step + channels]
         in0, in1, in2, in3 = bits & 1, (bits >> 1) & 1, (bits >> 2) & 1, (bits >> 3) & 1
         in4, in5, in6, in7 = (bits >> 4) & 1, (bits >> 5) & 1, (bits >> 6) & 1, (bits >> 7) & 1
         px0, px1, px2, px3 = pairs[slot(0, i)], pairs[slot(1, i)], pairs[slot(2, i)], pairs[slot(3, i)]
@@ -610,8 +767,9 @@ def _scatter_nearest(count, dx, dx_batch, grad, grad_at, channels, dx_corner, ta
     (docs/cpu.md, "Compilation").
     """
     if channels >= VECTOR_CHANNELS and grad.strides[1] == 1 and dx.strides[1] == 1:
-        _scatter_nearest_channels_inner(count, dx.array, dx_batch, grad.array, grad_at, grad.strides[4], channels,
-                                        dx_corner, taps)
+        _scatter_nearest_channels_inner(
+            count, dx.array, dx_batch, grad.array, grad_at, grad.strides[4], channels, dx_corner, taps
+        )
         return
     for c in range(channels):
         target = dx_batch + c * dx.strides[1]
@@ -631,8 +789,8 @@ def _scatter_nearest_channels_inner(count, dx, dx_batch, grad, grad_at, grad_ste
             source = grad_at + i * grad_step
             # Views, so that the channel index is provably non-negative: a flat index might
             # wrap around (negative indexing) and keeps the loop scalar (docs/cpu.md).
-            voxel = dx[target:target + channels]
-            values = grad[source:source + channels]
+            voxel = dx[target : target + channels]
+            values = grad[source : source + channels]
             for c in range(channels):
                 voxel[c] += values[c]
 
@@ -668,19 +826,20 @@ def _scatter(count, dx, dx_batch, grad, grad_at, channels, work):
 
 
 @outlined_helper
-def _scatter_channels_inner(count, dx, dx_batch, dx_spatial, grad, grad_at, grad_step, channels, weights, dx_corner,
-                            in_slab):
+def _scatter_channels_inner(
+    count, dx, dx_batch, dx_spatial, grad, grad_at, grad_step, channels, weights, dx_corner, in_slab
+):
     """Channels-last phase B: each tap adds weight * grad to the tap's contiguous channel vector."""
     for i in range(count):
         bits = in_slab[i]
         if bits == 0:
             continue
         source = grad_at + i * grad_step
-        values = grad[source:source + channels]  # views: see _scatter_nearest_channels_inner
+        values = grad[source : source + channels]  # views: see _scatter_nearest_channels_inner
         for tap in range(8):
             if (bits >> tap) & 1:
                 weight = weights[slot(tap, i)]
                 target = dx_batch + dx_corner[i] + tap_delta(tap, dx_spatial)
-                voxel = dx[target:target + channels]
+                voxel = dx[target : target + channels]
                 for c in range(channels):
                     voxel[c] += weight * values[c]

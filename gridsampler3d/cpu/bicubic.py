@@ -19,6 +19,7 @@ owner-computes: ``parts`` holds one (first, last) run of (n, z) planes per part,
 part walks every point in order, adding only the taps that land in its planes, so each
 voxel sums in point order, deterministic and independent of the number of parts.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,9 @@ def _scratch(parts: int, *operands):
 
     taps, weights and slopes: 4 per axis, x, y, z (``4 * axis + step``); offsets: 64, one per tap.
     """
-    return (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12),
-            part_rows(parts, 12)),
+    return (
+        (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12), part_rows(parts, 12)),
+    )
 
 
 @helper
@@ -139,8 +141,17 @@ def _forward(x_operand, grid_operand, matrix_array, y_operand, geometry, rule, p
         n, d, h = row_position(row, out_sizes)
         for w in range(out_width):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
-            _point_taps(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w), taps,
-                        weights, slopes)
+            _point_taps(
+                grid,
+                point,
+                grid_strides[4],
+                sizes,
+                rule,
+                _origin(matrix, rule.field, n, d, h, w),
+                taps,
+                weights,
+                slopes,
+            )
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
@@ -179,8 +190,19 @@ def _gradient_sums(grad, out, grad_step, x, base, x_step, channels, offsets, wei
 
 
 @part_kernel
-def _dgrid(grad_operand, x_operand, grid_operand, matrix_array, dgrid_operand, moments_array, geometry, rule, parts,
-           scratch, part):
+def _dgrid(
+    grad_operand,
+    x_operand,
+    grid_operand,
+    matrix_array,
+    dgrid_operand,
+    moments_array,
+    geometry,
+    rule,
+    parts,
+    scratch,
+    part,
+):
     """dgrid (N, Do, Ho, Wo, 3) (strides in grid order, as the grid's) of run ``part`` of ``parts`` runs of
     output rows: the multipliers times :func:`_gradient_sums`. For an affine field (``matrix``), the row's
     moments too (:class:`.backward.BackwardOperands`), into ``moments`` where not empty; dgrid where not empty."""
@@ -196,16 +218,26 @@ def _dgrid(grad_operand, x_operand, grid_operand, matrix_array, dgrid_operand, m
     rows = batch * out_sizes[0] * out_sizes[1]
     for row in range(part * rows // parts, (part + 1) * rows // parts):
         n, d, h = row_position(row, out_sizes)
-        row_moments = moments[row * 6:row * 6 + 6]
+        row_moments = moments[row * 6 : row * 6 + 6]
         row_moments[:] = 0.0
         for w in range(out_sizes[2]):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
-            mx, my, mz = _point_taps(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w),
-                                     taps, weights, slopes)
+            mx, my, mz = _point_taps(
+                grid,
+                point,
+                grid_strides[4],
+                sizes,
+                rule,
+                _origin(matrix, rule.field, n, d, h, w),
+                taps,
+                weights,
+                slopes,
+            )
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-            gx, gy, gz = _gradient_sums(grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels,
-                                        offsets, weights, slopes)
+            gx, gy, gz = _gradient_sums(
+                grad, out, grad_strides[1], x, n * x_strides[0], x_strides[1], channels, offsets, weights, slopes
+            )
             if row_moments.size:
                 _add_moment(row_moments, float(w), mx * gx, my * gy, mz * gz)
             if dgrid.size:
@@ -289,12 +321,33 @@ def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, pa
             for h in range(out_height):
                 for w in range(out_width):
                     point = _first_point(grid_strides, n, d, h, w, rule.field)
-                    if not _reaches(grid, point, grid_strides[4], sizes, rule, _origin(matrix, rule.field, n, d, h, w),
-                                    slab, taps, weights, slopes):
+                    if not _reaches(
+                        grid,
+                        point,
+                        grid_strides[4],
+                        sizes,
+                        rule,
+                        _origin(matrix, rule.field, n, d, h, w),
+                        slab,
+                        taps,
+                        weights,
+                        slopes,
+                    ):
                         continue
                     out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
-                    _scatter(grad, out, grad_strides[1], dx, n * dx_strides[0], dx_strides, channels, sizes, slab,
-                             taps, weights)
+                    _scatter(
+                        grad,
+                        out,
+                        grad_strides[1],
+                        dx,
+                        n * dx_strides[0],
+                        dx_strides,
+                        channels,
+                        sizes,
+                        slab,
+                        taps,
+                        weights,
+                    )
 
 
 #: ``forward(x, grid, matrix, y, geometry, rule, parts)``: see :func:`_forward`.

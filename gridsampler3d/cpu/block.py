@@ -7,6 +7,7 @@ flat: ``array[slot(k, i)]`` is entry ``k`` (an axis side or a tap) of point ``i`
 
 Taps are numbered as PyTorch visits them: bit 0 steps x, bit 1 y, bit 2 z.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,9 +31,17 @@ def scratch_cells(parts: int, multipliers: bool) -> Cells:
 def part_cells(cells, part):
     """Part ``part``'s rows of phase A's scratch, as :class:`.records.Cells` of rows (see :func:`borrow`)."""
     cells = Cells(*cells)  # named again, from the plain tuple a kernel is given (:func:`.records.unnamed`)
-    return Cells(borrowed(cells.coords)[part], borrowed(cells.sides)[part], borrowed(cells.corner)[part],
-                 borrowed(cells.other_corner)[part], borrowed(cells.inside)[part], borrowed(cells.lowest)[part],
-                 borrowed(cells.mx)[part], borrowed(cells.my)[part], borrowed(cells.mz)[part])
+    return Cells(
+        borrowed(cells.coords)[part],
+        borrowed(cells.sides)[part],
+        borrowed(cells.corner)[part],
+        borrowed(cells.other_corner)[part],
+        borrowed(cells.inside)[part],
+        borrowed(cells.lowest)[part],
+        borrowed(cells.mx)[part],
+        borrowed(cells.my)[part],
+        borrowed(cells.mz)[part],
+    )
 
 
 @helper
@@ -90,7 +99,7 @@ def grid_coordinates(grid, first, step, component, count, coords):
     Any other strides are read element by element.
     """
     if step == 3 and component == 1:
-        row = grid[first:first + 3 * count]
+        row = grid[first : first + 3 * count]
         for i in range(count):
             coords[i] = float(row[3 * i])
             coords[slot(1, i)] = float(row[3 * i + 1])
@@ -98,8 +107,8 @@ def grid_coordinates(grid, first, step, component, count, coords):
     elif step == 1:
         for axis in range(3):
             start = first + axis * component
-            row = grid[start:start + count]
-            along = coords[axis * BLOCK:axis * BLOCK + count]
+            row = grid[start : start + count]
+            along = coords[axis * BLOCK : axis * BLOCK + count]
             for i in range(count):
                 along[i] = float(row[i])
     else:
@@ -117,9 +126,18 @@ def row_origin(matrix, field, n, h, d, start):
     affine ``field``."""
     if field != AFFINE and field != AFFINE_DISPLACEMENT:
         return Origin(float(start), float(h), float(d), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    m = matrix[n * 12:n * 12 + 12]
-    return Origin(float(start), float(h), float(d), (m[1] * h + m[2] * d) + m[3], (m[5] * h + m[6] * d) + m[7],
-                  (m[9] * h + m[10] * d) + m[11], m[0], m[4], m[8])
+    m = matrix[n * 12 : n * 12 + 12]
+    return Origin(
+        float(start),
+        float(h),
+        float(d),
+        (m[1] * h + m[2] * d) + m[3],
+        (m[5] * h + m[6] * d) + m[7],
+        (m[9] * h + m[10] * d) + m[11],
+        m[0],
+        m[4],
+        m[8],
+    )
 
 
 @helper
@@ -208,8 +226,11 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
         x_c, y_c, z_c, cells.corner[i] = _cell_offset(x_low, y_low, z_low, sizes, spatial)
         cells.other_corner[i] = np.int64(z_c * other_spatial[0] + y_c * other_spatial[1] + x_c * other_spatial[2])
         x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
-        cells.inside[i] = _side_bits(x0, width, AXIS_TAPS[0], AXIS_TAPS[1]) \
-            & _side_bits(y0, height, AXIS_TAPS[2], AXIS_TAPS[3]) & _side_bits(z0, depth, AXIS_TAPS[4], AXIS_TAPS[5])
+        cells.inside[i] = (
+            _side_bits(x0, width, AXIS_TAPS[0], AXIS_TAPS[1])
+            & _side_bits(y0, height, AXIS_TAPS[2], AXIS_TAPS[3])
+            & _side_bits(z0, depth, AXIS_TAPS[4], AXIS_TAPS[5])
+        )
         cells.lowest[i] = z0
         if multipliers and rule.padding != ZEROS:  # with zeros padding they are the constant slopes
             cells.mx[i], cells.my[i], cells.mz[i] = mult_x, mult_y, mult_z
@@ -231,8 +252,9 @@ def nearest_cells(grid, points, sizes, rule, origin, spatial, cells):
         ix, iy, iz, _, _, _, done = _point(cells.coords, i, sizes, rule, origin)
         unresolved += 1 - done
         # x + 1.5 * 2^52 - 1.5 * 2^52 rounds to the nearest integer, ties to even (as C nearbyint)
-        x_c, y_c, z_c, offset = _cell_offset((ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER,
-                                             (iz + ROUNDER) - ROUNDER, sizes, spatial)
+        x_c, y_c, z_c, offset = _cell_offset(
+            (ix + ROUNDER) - ROUNDER, (iy + ROUNDER) - ROUNDER, (iz + ROUNDER) - ROUNDER, sizes, spatial
+        )
         x0, y0, z0 = np.int64(x_c), np.int64(y_c), np.int64(z_c)
         within = (x0 >= 0) & (x0 < width) & (y0 >= 0) & (y0 < height) & (z0 >= 0) & (z0 < depth)
         cells.inside[i] = np.int64(within)
@@ -250,8 +272,7 @@ def tap_delta(tap, spatial):
 @helper
 def tap_weight(sides, tap, i):
     """Trilinear weight (wx * wy) * wz of tap ``tap`` of point ``i``, in PyTorch's association."""
-    return (sides[slot(tap & 1, i)] * sides[slot(2 + ((tap >> 1) & 1), i)]) \
-        * sides[slot(4 + (tap >> 2), i)]
+    return (sides[slot(tap & 1, i)] * sides[slot(2 + ((tap >> 1) & 1), i)]) * sides[slot(4 + (tap >> 2), i)]
 
 
 @helper

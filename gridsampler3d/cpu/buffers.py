@@ -17,6 +17,7 @@ released blocks are kept (the oldest go first); :func:`release` frees them all.
 A tensor from :func:`empty` is an ordinary CPU tensor, except that its storage cannot be
 resized (``resize_`` to a larger size raises), as with ``torch.from_numpy``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,8 +54,13 @@ class _Lease:
     def __init__(self, block: np.ndarray, shape, strides, typestr: str):
         self.block = block
         offset = -block.ctypes.data % _ALIGN
-        self.__array_interface__ = {"data": (block.ctypes.data + offset, False), "shape": tuple(shape),
-                                    "strides": tuple(strides), "typestr": typestr, "version": 3}
+        self.__array_interface__ = {
+            "data": (block.ctypes.data + offset, False),
+            "shape": tuple(shape),
+            "strides": tuple(strides),
+            "typestr": typestr,
+            "version": 3,
+        }
 
     def __del__(self):
         try:

@@ -5,6 +5,7 @@ same operations in the same order, in float64, so that the engine's indices and
 multipliers equal the golden's bit for bit. The kernels call these and nothing else for
 coordinates.
 """
+
 from __future__ import annotations
 
 import numpy as np

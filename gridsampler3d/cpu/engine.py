@@ -11,6 +11,7 @@ and stores in float32; float64 is exact throughout.
 Outputs and widened copies come from :func:`.buffers.empty` (blocks of earlier calls,
 already mapped).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,7 @@ from ..affine import matrix_gradient, theta_gradient, voxel_matrix
 from ..layout import memory_format_of
 from ..modes import Interpolation
 from ..rounding import HALF_DTYPES, round_once
-from ..sampling import Field, FieldKind, Gradients, Outputs, Sampling
+from ..sampling import Field, Gradients, Outputs, Sampling
 from . import buffers, pool, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
@@ -86,8 +87,9 @@ def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
     if not field.kind.affine:
         return _NO_MATRIX
     theta = field.theta.detach().to(dtype=torch.float64).numpy()
-    return np.ascontiguousarray(voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes,
-                                             sampling.align_corners)).reshape(-1)
+    return np.ascontiguousarray(
+        voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners)
+    ).reshape(-1)
 
 
 def _field_operands(field: Field, tensor) -> Operand:
@@ -181,12 +183,21 @@ def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=Non
     out_sizes = field.out_sizes
     field_strides = [] if field.tensor is None else [_kernel_strides(field, _dense_strides(field.tensor))]
     joinable = _joinable(field_strides, [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
-    return Call(stage=stage, batch=x.shape[0], channels=x.shape[1], sizes=tuple(x.shape[2:]), out_sizes=out_sizes,
-                dtype=str(x.dtype).removeprefix("torch."), sampling=sampling, field=field.kind,
-                outputs=Outputs(bool(outputs.dx), bool(outputs.dfield or outputs.dtheta), bool(outputs.dtheta)),
-                channels_last=memory_format_of(x) == torch.channels_last_3d,
-                threads=pool.threads(), dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
-                rows_joinable=joinable)
+    return Call(
+        stage=stage,
+        batch=x.shape[0],
+        channels=x.shape[1],
+        sizes=tuple(x.shape[2:]),
+        out_sizes=out_sizes,
+        dtype=str(x.dtype).removeprefix("torch."),
+        sampling=sampling,
+        field=field.kind,
+        outputs=Outputs(bool(outputs.dx), bool(outputs.dfield or outputs.dtheta), bool(outputs.dtheta)),
+        channels_last=memory_format_of(x) == torch.channels_last_3d,
+        threads=pool.threads(),
+        dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
+        rows_joinable=joinable,
+    )
 
 
 # What was planned for calls seen before, by what describe_call() reads of them (shapes,
@@ -197,14 +208,26 @@ _PLANNED: dict = {}
 _PLANNED_MOST = 512
 
 
-def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs(),
-              matrix=None) -> Plan:
+def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, outputs=Outputs(), matrix=None) -> Plan:
     """The plan of a call: :func:`describe_call`, the facts its plan reads measured, :func:`.planner.make_plan`;
     ``matrix`` is an affine field's voxel matrix (made here where not given)."""
     tensor = field.theta if field.tensor is None else field.tensor
-    key = (stage, sampling, field.kind, field.out_sizes, outputs, pool.threads(), x.shape, x.stride(), x.dtype,
-           tensor.shape, tensor.stride(), tensor.dtype, None if grad is None else (grad.stride(), grad.dtype),
-           tuning.values())
+    key = (
+        stage,
+        sampling,
+        field.kind,
+        field.out_sizes,
+        outputs,
+        pool.threads(),
+        x.shape,
+        x.stride(),
+        x.dtype,
+        tensor.shape,
+        tensor.stride(),
+        tensor.dtype,
+        None if grad is None else (grad.stride(), grad.dtype),
+        tuning.values(),
+    )
     planned = _PLANNED.get(key)
     if planned is None:
         call = describe_call(stage, x, field, sampling, grad=grad, outputs=outputs)
@@ -250,12 +273,29 @@ class NumbaBackend:
         k = plan.rows_joined
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
         values = _field_operands(field, x if field.tensor is None else _kernel_dtype(field.tensor))
-        run_forward(ForwardWork(plan, operand(x), _join_grid_like(values, k), matrix, _join_out_like(operand(y), k),
-                                geometry, sampling, field.kind))
+        run_forward(
+            ForwardWork(
+                plan,
+                operand(x),
+                _join_grid_like(values, k),
+                matrix,
+                _join_out_like(operand(y), k),
+                geometry,
+                sampling,
+                field.kind,
+            )
+        )
         return _rounded(y, dtype, layout)
 
-    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool) -> Gradients:
+    def backward(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        field: Field,
+        sampling: Sampling,
+        outputs: Outputs,
+        deterministic: bool,
+    ) -> Gradients:
         """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
         matrix = _voxel_matrix(field, x, sampling)
         plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs, matrix=matrix)
@@ -265,8 +305,11 @@ class NumbaBackend:
         # the grid gradient reads), dx copied back: the same bits as the NCDHW kernels.
         grad = transpose.to_channels_last(grad)
         # For dx alone, an unwritten channels-last stand-in in the kernels' dtype.
-        x = (transpose.to_channels_last(x) if outputs.dfield or outputs.dtheta else
-             buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d))
+        x = (
+            transpose.to_channels_last(x)
+            if outputs.dfield or outputs.dtheta
+            else buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d)
+        )
         dx, dfield, dtheta = _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
         del grad, x  # before dx's copy: the copies' peak is then three operands' worth, not four
         return Gradients(transpose.to_contiguous(dx) if outputs.dx else None, dfield, dtheta)
@@ -287,17 +330,22 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
     rows = field.points // field.out_sizes[2]
     moments = np.zeros(6 * rows if outputs.dtheta else 0)
     k = plan.rows_joined
-    operands = BackwardOperands(grad=_join_out_like(operand(grad), k), x=operand(x),
-                                grid=_join_grid_like(_field_operands(field, wide_field), k),
-                                dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
-                                dgrid=_join_grid_like(dfield_operand, k), matrix=Operand(matrix, (12,)),
-                                moments=Operand(moments, (6,)))
+    operands = BackwardOperands(
+        grad=_join_out_like(operand(grad), k),
+        x=operand(x),
+        grid=_join_grid_like(_field_operands(field, wide_field), k),
+        dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
+        dgrid=_join_grid_like(dfield_operand, k),
+        matrix=Operand(matrix, (12,)),
+        moments=Operand(moments, (6,)),
+    )
     geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(field.out_sizes, k))
     run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
     dx = _rounded(dx, dtype, layout) if outputs.dx else None
     dfield = _rounded(dfield, dtype, memory_format_of(dfield)) if outputs.dfield else None
-    return Gradients(dx, dfield, _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta
-                     else None)
+    return Gradients(
+        dx, dfield, _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta else None
+    )
 
 
 def _theta_gradient(moments: np.ndarray, field: Field, in_sizes, sampling: Sampling) -> torch.Tensor:

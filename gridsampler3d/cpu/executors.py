@@ -4,6 +4,7 @@ An executor receives the plan and the call's operands as records (:class:`Forwar
 :class:`BackwardWork`) and runs the kernel launches the plan names; :func:`launch` runs
 them, again with the exact-remainder kernels where a part flags a far reflection.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,6 +36,7 @@ class ForwardWork:
     """A forward's plan and operands: x (N, C, D, H, W), the field (its operand in grid order, see
     :func:`.engine.field_operand`, and an affine field's voxel matrix (N * 12), else empty), y (N, C, Do, Ho, Wo);
     the call's sampling rule and kind of field."""
+
     plan: Plan
     x: Operand
     grid: Operand
@@ -48,6 +50,7 @@ class ForwardWork:
 @dataclasses.dataclass(frozen=True)
 class BackwardWork:
     """A backward's plan and operands (:class:`.backward.BackwardOperands`); the records as for :class:`ForwardWork`."""
+
     plan: Plan
     operands: BackwardOperands
     geometry: Geometry
@@ -63,8 +66,9 @@ class BackwardWork:
         return self.geometry.batch * self.geometry.sizes[0]
 
     def kernel(self, exact_remainder: bool):
-        return backward_kernel(self.sampling, self.field, self.plan.pytorch_terms, exact_remainder,
-                               channels_last=self.plan.channels_last)
+        return backward_kernel(
+            self.sampling, self.field, self.plan.pytorch_terms, exact_remainder, channels_last=self.plan.channels_last
+        )
 
 
 def launch(build, launches=(), together: bool = False, shared=()) -> None:
@@ -81,9 +85,10 @@ def launch(build, launches=(), together: bool = False, shared=()) -> None:
         kernel = build(exact_remainder)
         if together or shared:
             flags = [np.zeros(kernel.part_count(*arguments), np.int64) for arguments in (*launches, *shared)]
-            prepared = [kernel.launch(*arguments, unresolved)
-                        for arguments, unresolved in zip((*launches, *shared), flags)]
-            pool.run_together(prepared[:len(launches)], prepared[len(launches):])
+            prepared = [
+                kernel.launch(*arguments, unresolved) for arguments, unresolved in zip((*launches, *shared), flags)
+            ]
+            pool.run_together(prepared[: len(launches)], prepared[len(launches) :])
             if not any(unresolved.any() for unresolved in flags):
                 return
             continue
@@ -98,7 +103,7 @@ def launch(build, launches=(), together: bool = False, shared=()) -> None:
 
 def from_channel(operand: Operand, channel: int) -> Operand:
     """``operand`` seen from channel ``channel`` on (strides unchanged)."""
-    return Operand(operand.array[channel * operand.strides[1]:], operand.strides)
+    return Operand(operand.array[channel * operand.strides[1] :], operand.strides)
 
 
 def channel_groups(channels: int, group: int):
@@ -163,26 +168,42 @@ def _forward_channel_groups(work: ForwardWork) -> None:
     """A random grid gathers from all over every channel's plane: a group of channels at a time, the threads taking
     the first group's runs of rows, then the next group's."""
     geometry = work.geometry
-    launch(_forward_kernel(work), shared=[
-        (from_channel(work.x, low), work.grid, work.matrix, from_channel(work.y, low),
-         geometry._replace(channels=high - low),
-         work.plan.runs) for low, high in channel_groups(geometry.channels, work.plan.channel_group)])
+    launch(
+        _forward_kernel(work),
+        shared=[
+            (
+                from_channel(work.x, low),
+                work.grid,
+                work.matrix,
+                from_channel(work.y, low),
+                geometry._replace(channels=high - low),
+                work.plan.runs,
+            )
+            for low, high in channel_groups(geometry.channels, work.plan.channel_group)
+        ],
+    )
 
 
 def _forward_bicubic(work: ForwardWork) -> None:
     rule = coordinate_rule(work.sampling, work.field, forward=True)
     # Runs of rows that the threads take in turn, as for the trilinear passes by rows.
-    pool.run_together([], [bicubic.forward.launch(work.x, work.grid, work.matrix, work.y, work.geometry, rule,
-                                                  work.plan.runs)])
+    pool.run_together(
+        [], [bicubic.forward.launch(work.x, work.grid, work.matrix, work.y, work.geometry, rule, work.plan.runs)]
+    )
 
 
 def _forward_serial(work: ForwardWork) -> None:
-    run_serial(_forward_kernel(work), (work.x, work.grid, work.matrix, work.y, work.geometry, 1),
-               work.geometry.channels)
+    run_serial(
+        _forward_kernel(work), (work.x, work.grid, work.matrix, work.y, work.geometry, 1), work.geometry.channels
+    )
 
 
-_FORWARD = {Strategy.SERIAL: _forward_serial, Strategy.ROWS: _forward_rows,
-            Strategy.CHANNEL_GROUPS: _forward_channel_groups, Strategy.BICUBIC: _forward_bicubic}
+_FORWARD = {
+    Strategy.SERIAL: _forward_serial,
+    Strategy.ROWS: _forward_rows,
+    Strategy.CHANNEL_GROUPS: _forward_channel_groups,
+    Strategy.BICUBIC: _forward_bicubic,
+}
 
 
 # The backward
@@ -208,25 +229,43 @@ def _slabs(work: BackwardWork, count: int):
         return _whole(work), _EVERY_ROW
     ranges = RowRanges(np.zeros(work.rows, np.int64), np.zeros(work.rows, np.int64))
     geometry = work.geometry
-    depth_ranges(work.operands.grid, work.operands.matrix.array, geometry, coordinate_rule(work.sampling, work.field),
-                 (row_step(work.rows), True),
-                 ranges, count)
+    depth_ranges(
+        work.operands.grid,
+        work.operands.matrix.array,
+        geometry,
+        coordinate_rule(work.sampling, work.field),
+        (row_step(work.rows), True),
+        ranges,
+        count,
+    )
     nearest = work.sampling.interpolation == Interpolation.NEAREST
-    return plan_slabs(ranges.first, ranges.last, geometry.batch, geometry.sizes[0],
-                      geometry.sizes[1] * geometry.sizes[2], geometry.out_sizes[2], 1 if nearest else 2,
-                      count), ranges
+    return plan_slabs(
+        ranges.first,
+        ranges.last,
+        geometry.batch,
+        geometry.sizes[0],
+        geometry.sizes[1] * geometry.sizes[2],
+        geometry.out_sizes[2],
+        1 if nearest else 2,
+        count,
+    ), ranges
 
 
 def _grid_rows_launch(work: BackwardWork):
     """The grid gradient's launch by runs of rows, every channel at once."""
-    return (work.operands, work.geometry, row_parts(work.rows, work.planes, work.plan.runs), _EVERY_ROW,
-            Outputs(False, True), _NO_CARRY)
+    return (
+        work.operands,
+        work.geometry,
+        row_parts(work.rows, work.planes, work.plan.runs),
+        _EVERY_ROW,
+        Outputs(False, True),
+        _NO_CARRY,
+    )
 
 
 def _backward_fused(work: BackwardWork) -> None:
     """One thread walks a smooth grid once for both outputs."""
-    launch(work.kernel, [(work.operands, work.geometry, _whole(work), _EVERY_ROW, Outputs(True, True),
-                          _NO_CARRY)])
+    launch(work.kernel, [(work.operands, work.geometry, _whole(work), _EVERY_ROW, Outputs(True, True), _NO_CARRY)])
 
 
 def _backward_beside(work: BackwardWork) -> None:
@@ -238,8 +277,11 @@ def _backward_beside(work: BackwardWork) -> None:
     passes end together however unequal they are.
     """
     parts, ranges = _slabs(work, work.plan.dx_parts)
-    launch(work.kernel, [(work.operands, work.geometry, parts, ranges, Outputs(True, False), _NO_CARRY)],
-           shared=[_grid_rows_launch(work)])
+    launch(
+        work.kernel,
+        [(work.operands, work.geometry, parts, ranges, Outputs(True, False), _NO_CARRY)],
+        shared=[_grid_rows_launch(work)],
+    )
 
 
 def _backward_passes(work: BackwardWork) -> None:
@@ -259,8 +301,9 @@ def _grid_by_rows(work: BackwardWork) -> None:
 def _channel_slice(work: BackwardWork, low: int, high: int) -> BackwardOperands:
     """The operands of a launch over channels low .. high - 1 only (grad, x and dx; an empty dx stays empty)."""
     operands = work.operands
-    return operands._replace(grad=from_channel(operands.grad, low), x=from_channel(operands.x, low),
-                             dx=from_channel(operands.dx, low))
+    return operands._replace(
+        grad=from_channel(operands.grad, low), x=from_channel(operands.x, low), dx=from_channel(operands.dx, low)
+    )
 
 
 def _grid_by_channel_groups(work: BackwardWork) -> None:
@@ -277,10 +320,21 @@ def _grid_by_channel_groups(work: BackwardWork) -> None:
         last = min(first + chunk, rows)
         parts = row_parts(last - first, work.planes, work.plan.threads)
         parts[:, 2:] += first
-        carried = sums[:3 * (last - first) * width]
-        launch(work.kernel, [(_channel_slice(work, low, high), work.geometry._replace(channels=high - low), parts,
-                              _EVERY_ROW, Outputs(False, True), Carry(carried, int(_carry_mode(low, high, groups))))
-                             for low, high in groups])
+        carried = sums[: 3 * (last - first) * width]
+        launch(
+            work.kernel,
+            [
+                (
+                    _channel_slice(work, low, high),
+                    work.geometry._replace(channels=high - low),
+                    parts,
+                    _EVERY_ROW,
+                    Outputs(False, True),
+                    Carry(carried, int(_carry_mode(low, high, groups))),
+                )
+                for low, high in groups
+            ],
+        )
 
 
 def _carry_mode(low: int, high: int, groups) -> CarryMode:
@@ -295,16 +349,27 @@ def _dx_in_slabs(work: BackwardWork) -> None:
 
 
 def _dx_channel_launch(work: BackwardWork, low: int, high: int):
-    return (_channel_slice(work, low, high), work.geometry._replace(channels=high - low), _whole(work),
-            _EVERY_ROW, Outputs(True, False), _NO_CARRY)
+    return (
+        _channel_slice(work, low, high),
+        work.geometry._replace(channels=high - low),
+        _whole(work),
+        _EVERY_ROW,
+        Outputs(True, False),
+        _NO_CARRY,
+    )
 
 
 def _dx_by_channel_groups(work: BackwardWork) -> None:
     """A random grid scatters every channel's taps over its whole plane: dx a group of channels at a time keeps the
     group's planes in the cache while every point adds into them (each launch computes every point's taps again),
     each free thread taking the next group. Each voxel still sums in point order."""
-    launch(work.kernel, shared=[_dx_channel_launch(work, low, high)
-                                for low, high in channel_groups(work.geometry.channels, work.plan.channel_group)])
+    launch(
+        work.kernel,
+        shared=[
+            _dx_channel_launch(work, low, high)
+            for low, high in channel_groups(work.geometry.channels, work.plan.channel_group)
+        ],
+    )
 
 
 def _dx_by_channel_halves(work: BackwardWork) -> None:
@@ -312,8 +377,11 @@ def _dx_by_channel_halves(work: BackwardWork) -> None:
     they keep in the caches (a core's two hyperthreads), where two slabs each kept their own (docs/cpu.md). Each part
     computes every point's taps."""
     half = work.geometry.channels // 2
-    launch(work.kernel, [_dx_channel_launch(work, 0, half), _dx_channel_launch(work, half, work.geometry.channels)],
-           together=True)
+    launch(
+        work.kernel,
+        [_dx_channel_launch(work, 0, half), _dx_channel_launch(work, half, work.geometry.channels)],
+        together=True,
+    )
 
 
 def _backward_bicubic(work: BackwardWork) -> None:
@@ -321,24 +389,62 @@ def _backward_bicubic(work: BackwardWork) -> None:
     if work.plan.dx_pass != DxPass.NONE:
         # Equal runs of planes: every slab walks every point, so the work splits evenly.
         bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
-        bicubic.dx(ops.grad, ops.grid, ops.matrix.array, ops.dx, work.geometry, rule,
-                   np.stack([bounds[:-1], bounds[1:]], axis=1))
+        bicubic.dx(
+            ops.grad,
+            ops.grid,
+            ops.matrix.array,
+            ops.dx,
+            work.geometry,
+            rule,
+            np.stack([bounds[:-1], bounds[1:]], axis=1),
+        )
     if work.plan.grid_pass != GridPass.NONE:
-        pool.run_together([], [bicubic.dgrid.launch(ops.grad, ops.x, ops.grid, ops.matrix.array, ops.dgrid,
-                                                    ops.moments.array, work.geometry, rule,
-                                                    work.plan.runs)])
+        pool.run_together(
+            [],
+            [
+                bicubic.dgrid.launch(
+                    ops.grad,
+                    ops.x,
+                    ops.grid,
+                    ops.matrix.array,
+                    ops.dgrid,
+                    ops.moments.array,
+                    work.geometry,
+                    rule,
+                    work.plan.runs,
+                )
+            ],
+        )
 
 
-_GRID_PASSES = {GridPass.NONE: _no_pass, GridPass.ZEROS: _no_pass, GridPass.ROWS: _grid_by_rows,
-                GridPass.CHANNEL_GROUPS: _grid_by_channel_groups}
-_DX_PASSES = {DxPass.NONE: _no_pass, DxPass.SLABS: _dx_in_slabs, DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
-              DxPass.CHANNEL_HALVES: _dx_by_channel_halves}
+_GRID_PASSES = {
+    GridPass.NONE: _no_pass,
+    GridPass.ZEROS: _no_pass,
+    GridPass.ROWS: _grid_by_rows,
+    GridPass.CHANNEL_GROUPS: _grid_by_channel_groups,
+}
+_DX_PASSES = {
+    DxPass.NONE: _no_pass,
+    DxPass.SLABS: _dx_in_slabs,
+    DxPass.CHANNEL_GROUPS: _dx_by_channel_groups,
+    DxPass.CHANNEL_HALVES: _dx_by_channel_halves,
+}
+
+
 def _backward_serial(work: BackwardWork) -> None:
     """Every output asked for in one walk over the points, on the calling thread."""
     outputs = Outputs(work.plan.dx_pass != DxPass.NONE, work.plan.grid_pass == GridPass.ROWS)
-    run_serial(work.kernel, (work.operands, work.geometry, _whole(work), _EVERY_ROW, outputs, _NO_CARRY),
-               work.geometry.channels)
+    run_serial(
+        work.kernel,
+        (work.operands, work.geometry, _whole(work), _EVERY_ROW, outputs, _NO_CARRY),
+        work.geometry.channels,
+    )
 
 
-_BACKWARD = {Strategy.SERIAL: _backward_serial, Strategy.FUSED: _backward_fused, Strategy.BESIDE: _backward_beside,
-             Strategy.PASSES: _backward_passes, Strategy.BICUBIC: _backward_bicubic}
+_BACKWARD = {
+    Strategy.SERIAL: _backward_serial,
+    Strategy.FUSED: _backward_fused,
+    Strategy.BESIDE: _backward_beside,
+    Strategy.PASSES: _backward_passes,
+    Strategy.BICUBIC: _backward_bicubic,
+}

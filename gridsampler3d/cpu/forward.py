@@ -8,6 +8,7 @@ flat 1-D arrays with element strides (any layout is read in place); offsets are 
 Kernels are built per (:class:`~gridsampler3d.sampling.Sampling`, field kind), so the
 per-point code carries no branch on the modes; each is compiled on first use and cached on disk.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,9 +16,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .block import (borrow, masked_offsets, nearest_cells, part_cells, row_origin, row_position, scratch_cells, slot,
-                    tap_weight, trilinear_cells, unsigned)
 from ..sampling import FieldKind, Sampling
+from .block import (
+    borrow,
+    masked_offsets,
+    nearest_cells,
+    part_cells,
+    row_origin,
+    row_position,
+    scratch_cells,
+    slot,
+    tap_weight,
+    trilinear_cells,
+    unsigned,
+)
 from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
 from .records import Cells, CoordinateRule, Geometry, Points, coordinate_rule
@@ -55,7 +67,8 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
     """
     # The records as the constants the kernel is compiled with.
     interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
-        sampling, field, forward=True, exact_remainder=exact_remainder)
+        sampling, field, forward=True, exact_remainder=exact_remainder
+    )
     nearest = interpolation == NEAREST
 
     @part_kernel
@@ -78,8 +91,12 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
                 first_point -= 2 * grid.strides[4]
             first_out = n * y.strides[0] + d * y.strides[2] + h * y.strides[3]
             for start in range(0, out_width, BLOCK):
-                points = Points(first_point + start * grid.strides[3], grid.strides[3], grid.strides[4],
-                                min(BLOCK, out_width - start))
+                points = Points(
+                    first_point + start * grid.strides[3],
+                    grid.strides[3],
+                    grid.strides[4],
+                    min(BLOCK, out_width - start),
+                )
                 origin = row_origin(matrix, field_code, n, h, d, start)
                 out = first_out + start * y.strides[4]
                 # Chosen by the kernel's constants, so that each kernel compiles only its own path.
@@ -103,6 +120,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
 class _Scratch(NamedTuple):
     """The arrays a forward pass works in, each with one row per part: phase A's cells, the taps' weights (8 per
     point) and offsets (8 per point), one point's channel totals."""
+
     cells: Cells
     weights: np.ndarray
     offsets: np.ndarray
@@ -111,8 +129,14 @@ class _Scratch(NamedTuple):
 
 def _scratch(parts: int, x, grid, matrix, y, geometry, *rest):
     """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no multipliers."""
-    return _Scratch(scratch_cells(parts, multipliers=False), part_rows(parts, 8 * BLOCK),
-                    part_rows(parts, 8 * BLOCK, np.int64), part_rows(parts, geometry.channels)),
+    return (
+        _Scratch(
+            scratch_cells(parts, multipliers=False),
+            part_rows(parts, 8 * BLOCK),
+            part_rows(parts, 8 * BLOCK, np.int64),
+            part_rows(parts, geometry.channels),
+        ),
+    )
 
 
 @helper
@@ -126,7 +150,7 @@ def _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
         source = n * x.strides[0] + c * x.strides[1]
         target = out + c * y.strides[1]
         if y.strides[4] == 1:  # a view, so that the stores are contiguous
-            row = y.array[target:target + count]
+            row = y.array[target : target + count]
             for i in range(count):
                 row[i] = _nearest_value(x.array, source, cells.corner, cells.inside, i)
             continue
@@ -143,8 +167,9 @@ def _channels_last_sums(x, y, channels, count, x_batch, out, cells, work):
         for i in range(count):
             for tap in range(8):
                 weights[slot(tap, i)] = tap_weight(cells.sides, tap, i)
-        _channels_inner(count, x.array, x_batch, y.array, out, y.strides[4], channels, weights, offsets,
-                        cells.inside, totals)
+        _channels_inner(
+            count, x.array, x_batch, y.array, out, y.strides[4], channels, weights, offsets, cells.inside, totals
+        )
         return
     _channel_sums(x, y, channels, count, x_batch, out, cells, offsets)
 
@@ -156,7 +181,7 @@ def _channel_sums(x, y, channels, count, x_batch, out, cells, offsets):
         source = x_batch + c * x.strides[1]
         target = out + c * y.strides[1]
         if y.strides[4] == 1:  # a view, so that the stores are contiguous
-            row = y.array[target:target + count]
+            row = y.array[target : target + count]
             for i in range(count):
                 row[i] = _tap_sum(x.array, source, offsets, cells.sides, cells.inside, i)
             continue
@@ -199,7 +224,7 @@ def _channels_inner(count, x, x_batch, y, out, y_step, channels, weights, offset
                 source = x_batch + offsets[slot(tap, i)]
                 # A view, so that the channel index is provably non-negative: a flat index
                 # might wrap around (negative indexing), which keeps the loop scalar.
-                values = x[source:source + channels]
+                values = x[source : source + channels]
                 for c in range(channels):
                     totals[c] += values[c] * weight
         target = out + i * y_step

@@ -32,6 +32,7 @@ The two paths (docs/runtime.md):
   compiles, and no disk cache: Numba's own cache is keyed on a kernel's file alone, so a
   kernel cached before a helper's file changed would load with the old helper in it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,8 +50,19 @@ from . import pool
 from .records import unnamed
 from .tuning import hardware_gathers_pay
 
-__all__ = ["TESTED_NUMBA", "Parallel", "borrowed", "compile_path", "gathers_in_use", "helper", "outlined_helper",
-           "part_kernel", "part_rows", "plain", "zero_elements"]
+__all__ = [
+    "TESTED_NUMBA",
+    "Parallel",
+    "borrowed",
+    "compile_path",
+    "gathers_in_use",
+    "helper",
+    "outlined_helper",
+    "part_kernel",
+    "part_rows",
+    "plain",
+    "zero_elements",
+]
 
 #: The oldest and newest Numba releases the hooks were tested with (``pyproject.toml`` requires this range).
 TESTED_NUMBA = ("0.62.1", "0.68.1")
@@ -68,10 +80,13 @@ def _load_hooks():
     try:
         from . import numba_hooks
     except (ImportError, AttributeError) as error:
-        warnings.warn(f"gridsampler3d: Numba {numba.__version__} lacks a hook of the CPU engine ({error}); its "
-                      f"kernels compile with Numba's public API instead: the same results, slower, and compiled "
-                      f"anew in every process. Tested with Numba {TESTED_NUMBA[0]} to {TESTED_NUMBA[1]}.",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"gridsampler3d: Numba {numba.__version__} lacks a hook of the CPU engine ({error}); its "
+            f"kernels compile with Numba's public API instead: the same results, slower, and compiled "
+            f"anew in every process. Tested with Numba {TESTED_NUMBA[0]} to {TESTED_NUMBA[1]}.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None, f"Numba {numba.__version__} lacks a hook: {error}"
     return numba_hooks, None
 
@@ -127,8 +142,14 @@ def _declare(func, options: dict, plain_types: bool, cache: bool):
     if _hooks is None:
         plain_options = {name: value for name, value in options.items() if name in ("forceinline",)}
         return numba.njit(func, **_PLAIN_OPTIONS, **plain_options)
-    return _hooks.declare(func, {**_OPTIONS, **options}, plain_types=plain_types, gathers=gathers_in_use(),
-                          link_only=plain_types, cache_key=_cache_key if cache else None)
+    return _hooks.declare(
+        func,
+        {**_OPTIONS, **options},
+        plain_types=plain_types,
+        gathers=gathers_in_use(),
+        link_only=plain_types,
+        cache_key=_cache_key if cache else None,
+    )
 
 
 # Helpers are called from kernels only: no wrappers to call them from Python or C.
@@ -180,7 +201,7 @@ def _borrowed(array):
 
 def _zero_elements(array, start, count):
     """``array[start:start + count] = 0`` (the plain path's :func:`zero_elements`)."""
-    array[start:start + count] = 0
+    array[start : start + count] = 0
 
 
 #: ``borrowed(array)``: the same array without its reference to the memory manager, for
@@ -208,7 +229,7 @@ def part_rows(parts: int, entries: int, dtype=np.float64) -> np.ndarray:
     width = -(-entries // per_line) * per_line
     buffer = np.empty(parts * width + per_line, dtype)
     skip = (-buffer.ctypes.data % _LINE_BYTES) // itemsize
-    return buffer[skip:skip + parts * width].reshape(parts, width)
+    return buffer[skip : skip + parts * width].reshape(parts, width)
 
 
 class Parallel:

@@ -22,6 +22,7 @@ The hooks, each kept for a measured reason (docs/runtime.md, "The Numba boundary
 Nothing here changes Numba for other code: the classes are used only by the dispatchers
 :func:`declare` returns (the lowering pass is registered under a name of its own).
 """
+
 from __future__ import annotations
 
 import functools
@@ -142,11 +143,15 @@ class _LinkOnlyLibrary(JITCodeLibrary):
         self._verify_declare_only_symbols()
         # Numba writes the environment's address into the helper's environment global
         # once it is compiled (CPUCodegen.set_env), so the engine must define that global.
-        names = [variable.name for variable in self._final_module.global_variables
-                 if variable.name.startswith("_ZN08NumbaEnv")]
+        names = [
+            variable.name
+            for variable in self._final_module.global_variables
+            if variable.name.startswith("_ZN08NumbaEnv")
+        ]
         if names:
-            self._codegen._add_module(llvmlite.binding.parse_assembly(
-                "\n".join(f'@"{name}" = common global i8* null' for name in names)))
+            self._codegen._add_module(
+                llvmlite.binding.parse_assembly("\n".join(f'@"{name}" = common global i8* null' for name in names))
+            )
         self._finalized = True
 
     def get_asm_str(self):
@@ -167,6 +172,7 @@ class _LinkOnlyLibrary(JITCodeLibrary):
 @register_pass(mutates_CFG=True, analysis_only=False)
 class _LinkOnlyLowering(NativeLowering):
     """Numba's lowering into a :class:`_LinkOnlyLibrary` (for helpers)."""
+
     _name = "gridsampler3d_link_only_lowering"
 
     def run_pass(self, state):
@@ -178,20 +184,26 @@ class _LinkOnlyLowering(NativeLowering):
 @register_pass(mutates_CFG=True, analysis_only=False)
 class _NoGatherLinkOnlyLowering(_LinkOnlyLowering, _NoGatherLowering):
     """Both: a :class:`_LinkOnlyLibrary`, lowered by :class:`_NoGatherLower`."""
+
     _name = "gridsampler3d_no_gather_link_only_lowering"
 
 
 @functools.cache
 def _pipeline(gathers: bool, link_only: bool):
     """Numba's nopython pipeline with its lowering pass replaced as ``gathers`` and ``link_only`` ask."""
-    lowering_pass = {(True, False): NativeLowering, (False, False): _NoGatherLowering,
-                     (True, True): _LinkOnlyLowering, (False, True): _NoGatherLinkOnlyLowering}[gathers, link_only]
+    lowering_pass = {
+        (True, False): NativeLowering,
+        (False, False): _NoGatherLowering,
+        (True, True): _LinkOnlyLowering,
+        (False, True): _NoGatherLinkOnlyLowering,
+    }[gathers, link_only]
 
     class Pipeline(CompilerBase):
         def define_pipelines(self):
             manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
-            manager.passes = [(lowering_pass if step is NativeLowering else step, description)
-                              for step, description in manager.passes]
+            manager.passes = [
+                (lowering_pass if step is NativeLowering else step, description) for step, description in manager.passes
+            ]
             manager.finalize()
             return [manager]
 
@@ -248,11 +260,13 @@ def declare(func, options: dict, *, plain_types: bool, gathers: bool, link_only:
     ``cache_key``, a function returning a tuple of strings, turns on the disk cache with
     that tuple in every entry's key.
     """
-    dispatcher = (_PlainTypeDispatcher if plain_types else CPUDispatcher)(py_func=func, locals={},
-                                                                           targetoptions=dict(options))
+    dispatcher = (_PlainTypeDispatcher if plain_types else CPUDispatcher)(
+        py_func=func, locals={}, targetoptions=dict(options)
+    )
     pipeline = _pipeline(gathers, link_only)
-    dispatcher._compiler = _NoAliasCompiler(dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {},
-                                            pipeline)
+    dispatcher._compiler = _NoAliasCompiler(
+        dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {}, pipeline
+    )
     if cache_key is not None:
         dispatcher._cache = _EngineKeyedCache(dispatcher.py_func, cache_key)
     return dispatcher

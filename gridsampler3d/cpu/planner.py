@@ -14,6 +14,7 @@ on them: :func:`facts_needed` says which.
     if "smooth" in facts_needed(call): call = dataclasses.replace(call, smooth=...)
     print(make_plan(call))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,13 +34,17 @@ _HALF = tuple(str(dtype).removeprefix("torch.") for dtype in HALF_DTYPES)  # as 
 
 class Stage(enum.Enum):
     """The pass a call runs: the forward (y) or the backward (dx and the grid gradient)."""
+
     FORWARD = "forward"
     BACKWARD = "backward"
 
 
 class Strategy(enum.Enum):
     """How a call's work is split into kernel launches."""
-    SERIAL = "serial"  # a small call: one walk over the points on the calling thread, no smoothness verdict, no hand-off
+
+    SERIAL = (
+        "serial"  # a small call: one walk over the points on the calling thread, no smoothness verdict, no hand-off
+    )
     ROWS = "rows"  # forward: runs of output rows, taken by whichever thread is free
     CHANNEL_GROUPS = "channel groups"  # forward of a random grid: a cache's worth of channel planes at a time
     FUSED = "fused"  # backward: one walk over the points computes dx and the grid gradient
@@ -50,6 +55,7 @@ class Strategy(enum.Enum):
 
 class GridPass(enum.Enum):
     """How the grid gradient is computed (within :attr:`Strategy.PASSES`)."""
+
     NONE = "none"  # not asked for
     ZEROS = "zeros"  # nearest: zero everywhere, no pass
     ROWS = "rows"  # runs of rows, every channel at once
@@ -58,6 +64,7 @@ class GridPass(enum.Enum):
 
 class DxPass(enum.Enum):
     """How dx is computed (within :attr:`Strategy.PASSES`)."""
+
     NONE = "none"  # not asked for
     SLABS = "slabs"  # each part owns a slab of (n, z) planes, walking every row that reaches it
     CHANNEL_GROUPS = "channel groups"  # a random grid: a cache's worth of channel planes at a time
@@ -77,6 +84,7 @@ class Call:
     mostly share their depth) and ``grad_finite`` are facts about the data, None until
     measured (:func:`facts_needed`).
     """
+
     stage: Stage
     batch: int
     channels: int
@@ -115,6 +123,7 @@ class Plan:
     channels-last kernels on channels-last copies of grad and x; ``pytorch_terms``
     sums PyTorch's own terms (float64, or a non-finite grad) instead of the separable form.
     """
+
     stage: Stage
     strategy: Strategy
     threads: int
@@ -147,7 +156,9 @@ class Plan:
         if self.strategy == Strategy.PASSES or (self.strategy == Strategy.BICUBIC and self.stage == Stage.BACKWARD):
             words += [_grid_words(self), _dx_words(self)]
         computes_grid = self.strategy in (Strategy.FUSED, Strategy.BESIDE) or self.grid_pass in (
-            GridPass.ROWS, GridPass.CHANNEL_GROUPS)
+            GridPass.ROWS,
+            GridPass.CHANNEL_GROUPS,
+        )
         if self.stage == Stage.BACKWARD and self.strategy != Strategy.BICUBIC and computes_grid:
             words.append("PyTorch's grid-gradient terms" if self.pytorch_terms else "separable grid gradient")
         if self.rows_joined > 1:
@@ -176,8 +187,12 @@ def facts_needed(call: Call) -> frozenset:
     needed = set()
     if _smooth_matters(call):
         needed.add("smooth")
-    if (call.stage == Stage.BACKWARD and call.sampling.interpolation == Interpolation.BILINEAR and call.outputs.dfield
-            and call.dtype != "float64"):
+    if (
+        call.stage == Stage.BACKWARD
+        and call.sampling.interpolation == Interpolation.BILINEAR
+        and call.outputs.dfield
+        and call.dtype != "float64"
+    ):
         needed.add("grad_finite")
     return frozenset(needed)
 
@@ -192,11 +207,16 @@ def make_plan(call: Call) -> Plan:
     if call.sampling.interpolation == Interpolation.BICUBIC:
         threads = _threads(call)
         backward = call.stage == Stage.BACKWARD
-        return Plan(call.stage, Strategy.BICUBIC, threads, call.channels_last,
-                    runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1], call),
-                    grid_pass=GridPass.ROWS if backward and call.outputs.dfield else GridPass.NONE,
-                    dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
-                    dx_parts=threads if backward and call.outputs.dx else 0)
+        return Plan(
+            call.stage,
+            Strategy.BICUBIC,
+            threads,
+            call.channels_last,
+            runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1], call),
+            grid_pass=GridPass.ROWS if backward and call.outputs.dfield else GridPass.NONE,
+            dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
+            dx_parts=threads if backward and call.outputs.dx else 0,
+        )
     if call.stage == Stage.FORWARD:
         return _forward_plan(call)
     if _copies_pay(call):
@@ -226,13 +246,19 @@ def _serial_plan(call: Call) -> Plan:
     backward = call.stage == Stage.BACKWARD
     nearest = call.sampling.interpolation == Interpolation.NEAREST
     want_dgrid = backward and call.outputs.dfield and not nearest
-    return Plan(call.stage, Strategy.SERIAL, 1, call.channels_last,
-                grid_pass=GridPass.ZEROS if backward and nearest and call.outputs.dfield else (
-                    GridPass.ROWS if want_dgrid else GridPass.NONE),
-                dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
-                dx_parts=int(backward and call.outputs.dx),
-                rows_joined=_rows_joined(call, 1, False),
-                pytorch_terms=want_dgrid and (call.dtype == "float64" or not call.grad_finite))
+    return Plan(
+        call.stage,
+        Strategy.SERIAL,
+        1,
+        call.channels_last,
+        grid_pass=GridPass.ZEROS
+        if backward and nearest and call.outputs.dfield
+        else (GridPass.ROWS if want_dgrid else GridPass.NONE),
+        dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
+        dx_parts=int(backward and call.outputs.dx),
+        rows_joined=_rows_joined(call, 1, False),
+        pytorch_terms=want_dgrid and (call.dtype == "float64" or not call.grad_finite),
+    )
 
 
 def _threads(call: Call) -> int:
@@ -270,9 +296,15 @@ def _backward_asks(call: Call) -> bool:
 def _copies_possible(call: Call) -> bool:
     """Whether a backward may run on channels-last copies, the verdict aside (see :func:`_copies_pay`)."""
     half = call.dtype in _HALF
-    return (call.stage == Stage.BACKWARD and call.sampling.interpolation == Interpolation.BILINEAR and not call.channels_last
-            and call.dtype != "float64" and not (half and not call.outputs.dfield) and call.dense_ncdhw
-            and call.channels >= (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS))
+    return (
+        call.stage == Stage.BACKWARD
+        and call.sampling.interpolation == Interpolation.BILINEAR
+        and not call.channels_last
+        and call.dtype != "float64"
+        and not (half and not call.outputs.dfield)
+        and call.dense_ncdhw
+        and call.channels >= (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS)
+    )
 
 
 def _copies_pay(call: Call) -> bool:
@@ -294,8 +326,15 @@ def _forward_plan(call: Call) -> Plan:
     random = not call.channels_last and call.channels > group and not call.smooth
     joined = _rows_joined(call, threads, random)
     rows = call.batch * call.out_sizes[0] * call.out_sizes[1] // joined
-    return Plan(call.stage, Strategy.CHANNEL_GROUPS if random else Strategy.ROWS, threads, call.channels_last,
-                channel_group=group if random else 0, runs=_runs(threads, rows, call), rows_joined=joined)
+    return Plan(
+        call.stage,
+        Strategy.CHANNEL_GROUPS if random else Strategy.ROWS,
+        threads,
+        call.channels_last,
+        channel_group=group if random else 0,
+        runs=_runs(threads, rows, call),
+        rows_joined=joined,
+    )
 
 
 def _backward_plan(call: Call) -> Plan:
@@ -308,9 +347,14 @@ def _backward_plan(call: Call) -> Plan:
     coherent = want_dgrid and (threads > 1 or channels < tuning.FUSED_CHANNELS) and smooth
     joined = _rows_joined(call, threads, random)
     rows = call.batch * call.out_sizes[0] * call.out_sizes[1] // joined
-    common = dict(stage=call.stage, threads=threads, channels_last=call.channels_last, rows_joined=joined,
-                  runs=_runs(threads, rows, call), pytorch_terms=want_dgrid and (
-                      call.dtype == "float64" or not call.grad_finite))
+    common = dict(
+        stage=call.stage,
+        threads=threads,
+        channels_last=call.channels_last,
+        rows_joined=joined,
+        runs=_runs(threads, rows, call),
+        pytorch_terms=want_dgrid and (call.dtype == "float64" or not call.grad_finite),
+    )
     if call.outputs.dx and threads > 1 and coherent:
         return Plan(strategy=Strategy.BESIDE, dx_parts=threads - threads // 2, **common)
     if call.outputs.dx and threads == 1 and coherent and channels < tuning.FUSED_CHANNELS:
@@ -331,8 +375,16 @@ def _backward_plan(call: Call) -> Plan:
         dx_pass, dx_parts = DxPass.CHANNEL_HALVES, 2
     elif call.outputs.dx:
         dx_pass, dx_parts = DxPass.SLABS, threads
-    return Plan(strategy=Strategy.PASSES, grid_pass=grid_pass, dx_pass=dx_pass, dx_parts=dx_parts,
-                channel_group=dx_group, grid_channel_group=grid_group, carry_rows=carry_rows, **common)
+    return Plan(
+        strategy=Strategy.PASSES,
+        grid_pass=grid_pass,
+        dx_pass=dx_pass,
+        dx_parts=dx_parts,
+        channel_group=dx_group,
+        grid_channel_group=grid_group,
+        carry_rows=carry_rows,
+        **common,
+    )
 
 
 def _runs(threads: int, rows: int, call: Call) -> int:
@@ -372,6 +424,7 @@ def _rows_joined(call: Call, threads: int, random: bool) -> int:
 def _rows_per_long_row(depth: int, height: int, width: int, threads: int) -> int:
     """The divisor k of ``height`` whose rows of k * ``width`` points fill blocks best (the smallest of equals), with
     rows of at most ``tuning.LONG_ROW_POINTS`` points and at least four rows per thread."""
+
     def filled(k):  # share of the row's blocks that holds points
         return k * width / (-(-k * width // tuning.BLOCK) * tuning.BLOCK)
 

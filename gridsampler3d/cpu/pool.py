@@ -19,6 +19,7 @@ this module was imported takes the worker threads at its first launch.
 No kernel runs on a Numba threading layer, so the engine never starts one: whichever
 layer other Numba code in the process chooses, it keeps.
 """
+
 from __future__ import annotations
 
 import collections
@@ -44,6 +45,7 @@ def _run_share(tasks, fixed: int, queue, errors: list, thread: int, team: int) -
     ``queue`` holds the indices of the shared tasks not yet taken (a deque: taking one is
     atomic). Errors are kept as (index, error) in ``errors``.
     """
+
     def run(index):
         kernel, operands, part = tasks[index]
         try:
@@ -78,8 +80,9 @@ class _WorkerThreads:
         with self._lock:
             while len(self._inboxes) < count:
                 inbox = SimpleQueue()
-                threading.Thread(target=self._serve, args=(inbox,), name=f"gridsampler3d-{len(self._inboxes) + 1}",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._serve, args=(inbox,), name=f"gridsampler3d-{len(self._inboxes) + 1}", daemon=True
+                ).start()
                 self._inboxes.append(inbox)
             return self._inboxes[:count]
 
@@ -158,8 +161,13 @@ def _torch_openmp_team() -> _OpenMPTeam | None:
     if no_load is None or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
     home = Path(torch.__file__).resolve().parent
-    shipped = sorted(str(path) for folder in (home / "lib", home.parent / "torch.libs") if folder.is_dir()
-                     for path in folder.iterdir() if _OPENMP_RUNTIME.search(path.name))
+    shipped = sorted(
+        str(path)
+        for folder in (home / "lib", home.parent / "torch.libs")
+        if folder.is_dir()
+        for path in folder.iterdir()
+        if _OPENMP_RUNTIME.search(path.name)
+    )
     for candidate in (*shipped, *_OPENMP_NAMES):
         try:
             return _OpenMPTeam(ctypes.CDLL(candidate, mode=no_load))

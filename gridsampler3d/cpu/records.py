@@ -14,6 +14,7 @@ nothing: Numba's dispatcher fingerprints a named tuple by its class and field na
 Python, about 0.4 us a record against 0.07 us for a plain tuple, and a backward launch
 takes 12 records (6 us of an 8³ call's 20 us kernel call).
 """
+
 from __future__ import annotations
 
 import enum
@@ -23,8 +24,22 @@ import numpy as np
 
 from ..sampling import FieldKind, Outputs, Sampling
 
-__all__ = ["ALL_TAPS", "AXIS_TAPS", "Carry", "CarryMode", "CoordinateRule", "Geometry", "Operand", "Outputs",
-           "Cells", "Origin", "Points", "RowRanges", "coordinate_rule", "unnamed"]
+__all__ = [
+    "ALL_TAPS",
+    "AXIS_TAPS",
+    "Carry",
+    "CarryMode",
+    "CoordinateRule",
+    "Geometry",
+    "Operand",
+    "Outputs",
+    "Cells",
+    "Origin",
+    "Points",
+    "RowRanges",
+    "coordinate_rule",
+    "unnamed",
+]
 
 
 class Operand(NamedTuple):
@@ -34,12 +49,14 @@ class Operand(NamedTuple):
     component) for grids; a displacement's are given in grid order too (see
     :func:`.forward.forward_kernel`).
     """
+
     array: np.ndarray
     strides: tuple
 
 
 class Geometry(NamedTuple):
     """The sizes of one call: batch N, channels C, the input's (D, H, W) and the output's (Do, Ho, Wo)."""
+
     batch: int
     channels: int
     sizes: tuple
@@ -56,6 +73,7 @@ class CoordinateRule(NamedTuple):
     constants its kernel is compiled with; the tricubic kernels and the slab planner take
     it as an argument.
     """
+
     interpolation: int
     padding: int
     align_corners: bool
@@ -64,16 +82,24 @@ class CoordinateRule(NamedTuple):
     exact_remainder: bool
 
 
-def coordinate_rule(sampling: Sampling, field: FieldKind, *, forward: bool = False,
-                    exact_remainder: bool = False) -> CoordinateRule:
+def coordinate_rule(
+    sampling: Sampling, field: FieldKind, *, forward: bool = False, exact_remainder: bool = False
+) -> CoordinateRule:
     """The :class:`CoordinateRule` of ``sampling`` and ``field``, in plain Python ints and bools."""
-    return CoordinateRule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
-                          int(field), bool(forward), bool(exact_remainder))
+    return CoordinateRule(
+        int(sampling.interpolation),
+        int(sampling.padding),
+        bool(sampling.align_corners),
+        int(field),
+        bool(forward),
+        bool(exact_remainder),
+    )
 
 
 class Origin(NamedTuple):
     """Where a block of points stands: its first point's output column ``w``, its row's ``h`` and ``d``; for an
     affine field, its row of the voxel matrix as per-row bases and per-column steps (:func:`.block.row_origin`)."""
+
     w: float
     h: float
     d: float
@@ -91,6 +117,7 @@ class Points(NamedTuple):
     Point i's x component sits at ``first + i * step``, its y and z ``component`` and twice
     ``component`` after it.
     """
+
     first: int
     step: int
     component: int
@@ -105,6 +132,7 @@ class Cells(NamedTuple):
     ``inside`` the taps in the volume; ``lowest`` the cell's low depth; ``mx``, ``my``,
     ``mz`` the grid gradient's multipliers (empty where no multipliers are kept).
     """
+
     coords: np.ndarray
     sides: np.ndarray
     corner: np.ndarray
@@ -118,12 +146,14 @@ class Cells(NamedTuple):
 
 class RowRanges(NamedTuple):
     """Per output row (n * Do * Ho + d * Ho + h), the least and greatest depth its points' lowest taps reach."""
+
     first: np.ndarray
     last: np.ndarray
 
 
 class CarryMode(enum.IntEnum):
     """Where a pass of the grid gradient over a group of channels starts and ends its sums."""
+
     WHOLE = 0  # every channel in one pass: from zero into dgrid
     FIRST = 1  # the first group: from zero into the carried sums
     MIDDLE = 2  # from the carried sums into the carried sums
@@ -132,6 +162,7 @@ class CarryMode(enum.IntEnum):
 
 class Carry(NamedTuple):
     """The grid gradient's sums carried between groups of channels: x, y, z rows of points, and the pass's mode."""
+
     sums: np.ndarray
     mode: int
 
@@ -150,5 +181,11 @@ def unnamed(arguments: tuple) -> tuple:
     :class:`Cells` in a scratch record); a record deeper down would pass named, correct
     but slower to dispatch.
     """
-    return tuple([tuple([tuple(field) if hasattr(field, "_fields") else field for field in argument])
-                  if hasattr(argument, "_fields") else argument for argument in arguments])
+    return tuple(
+        [
+            tuple([tuple(field) if hasattr(field, "_fields") else field for field in argument])
+            if hasattr(argument, "_fields")
+            else argument
+            for argument in arguments
+        ]
+    )

@@ -6,6 +6,7 @@ about ten passes with temporaries: in the bfloat16 case of the suite it cost nea
 much as the kernels. Here the round-to-odd step is one part kernel over the dense
 tensor's memory; torch's conversion does the rest.
 """
+
 from __future__ import annotations
 
 import numpy as np

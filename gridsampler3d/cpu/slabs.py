@@ -11,10 +11,10 @@ plane), or by runs of rows in a pass of its own (the plan decides: :mod:`.planne
 
 Extra memory: two int64 per output row and one per (n, z) plane.
 """
+
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..modes import Interpolation
 from ..rounding import ROUNDER
@@ -43,8 +43,16 @@ def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
     unresolved = 0
     for i in range(count):
         value = 0.0 if rule.field == AFFINE else float(grid[first + i * step])
-        iz, _, done = source_index(value, depth, rule.padding, rule.align_corners, False, False, rule.field,
-                                   point_origin(rule.field, origin, i)[2])
+        iz, _, done = source_index(
+            value,
+            depth,
+            rule.padding,
+            rule.align_corners,
+            False,
+            False,
+            rule.field,
+            point_origin(rule.field, origin, i)[2],
+        )
         unresolved += 1 - done
         low = (iz + ROUNDER) - ROUNDER if rule.interpolation == NEAREST else np.floor(iz)
         lowest[i] = np.int64(min(max(low, -2.0), float(depth)))
@@ -148,8 +156,9 @@ def _range_point_by_point(grid, first_point, place, geometry, rule, row, ranges,
     for start in range(0, out_width, BLOCK):
         count = min(BLOCK, out_width - start)
         origin = row_origin(matrix, rule.field, n, h, d, start)
-        if _lowest_depths(grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule,
-                          origin, lowest):
+        if _lowest_depths(
+            grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule, origin, lowest
+        ):
             least = min(least, -2)
             most = max(most, depth)
             continue
@@ -197,8 +206,16 @@ def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int, 
     return jumps <= 0.1 * lowest.shape[0] * (lowest.shape[1] - 1)
 
 
-def plan_slabs(row_first: np.ndarray, row_last: np.ndarray, batch: int, depth: int, plane_voxels: int, out_width: int,
-               reach: int, slab_count: int) -> np.ndarray:
+def plan_slabs(
+    row_first: np.ndarray,
+    row_last: np.ndarray,
+    batch: int,
+    depth: int,
+    plane_voxels: int,
+    out_width: int,
+    reach: int,
+    slab_count: int,
+) -> np.ndarray:
     """Split the N * D planes of dx into ``slab_count`` runs of about equal work.
 
     Returns parts (slab_count, 4) int64: [first plane, end plane, first row, end row],

@@ -10,6 +10,7 @@ The copies move elements' bits only (the tensors are viewed as integers of the s
 size), so that float16 and bfloat16 operands are copied before they are widened, at half
 or a quarter of the bytes, and results after they are rounded.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,12 +44,12 @@ def _quartets(source, target, planar, interleaved, channels, spatial, to_last):
         if to_last:
             r0, r1, r2, r3 = _four_rows(source, rows, spatial, step)
             for i in range(step):
-                into = target[interleaved + i * channels + c:interleaved + i * channels + c + 4]
+                into = target[interleaved + i * channels + c : interleaved + i * channels + c + 4]
                 into[0], into[1], into[2], into[3] = r0[i], r1[i], r2[i], r3[i]
         else:
             w0, w1, w2, w3 = _four_rows(target, rows, spatial, step)
             for i in range(step):
-                values = source[interleaved + i * channels + c:interleaved + i * channels + c + 4]
+                values = source[interleaved + i * channels + c : interleaved + i * channels + c + 4]
                 w0[i], w1[i], w2[i], w3[i] = values[0], values[1], values[2], values[3]
     _some(source, target, planar, interleaved, channels, spatial, to_last, channels - channels % 4, step)
 
@@ -57,8 +58,12 @@ def _quartets(source, target, planar, interleaved, channels, spatial, to_last):
 def _four_rows(array, first, spatial, step):
     """Views of ``step`` elements of four channel rows ``spatial`` apart, from ``first`` on."""
     second, third, fourth = first + spatial, first + 2 * spatial, first + 3 * spatial
-    return (array[first:first + step], array[second:second + step], array[third:third + step],
-            array[fourth:fourth + step])
+    return (
+        array[first : first + step],
+        array[second : second + step],
+        array[third : third + step],
+        array[fourth : fourth + step],
+    )
 
 
 @helper

@@ -1,4 +1,5 @@
 """Tuning constants of the CPU engine (they change speed, never results)."""
+
 import operator
 import os
 

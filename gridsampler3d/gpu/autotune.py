@@ -12,6 +12,7 @@ never moves a bit of the deterministic mode.
 Under Triton's interpreter, with ``GRIDSAMPLER3D_AUTOTUNE=0``, or while a CUDA graph is
 being captured, the first candidate (the engine's default shape) is used untimed.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,9 @@ class Tuner:
         self._timings: dict = {}
         self._lock = threading.Lock()
 
-    def choose(self, key: Hashable, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
-               tune: bool = True) -> Candidate:
+    def choose(
+        self, key: Hashable, candidates: Sequence[Candidate], launch: Callable[[Candidate], None], tune: bool = True
+    ) -> Candidate:
         """The candidate to launch for ``key``: timed once per key when ``tune``; else ``candidates[0]``.
 
         ``launch(candidate)`` runs the kernel with that shape on the real operands; it
@@ -76,8 +78,9 @@ class Tuner:
         with self._lock:
             if key in self._chosen:
                 return self._chosen[key]
-            seconds = [self._timer(lambda candidate=candidate: launch(candidate), self._repeats)
-                       for candidate in candidates]
+            seconds = [
+                self._timer(lambda candidate=candidate: launch(candidate), self._repeats) for candidate in candidates
+            ]
             best = candidates[min(range(len(candidates)), key=seconds.__getitem__)]
             self._chosen[key] = best
             self._timings[key] = list(zip(candidates, seconds))
@@ -86,11 +89,16 @@ class Tuner:
     def report(self) -> list[dict]:
         """What was tuned so far: per key, each candidate's time in ms, and the one chosen."""
         with self._lock:
-            return [{"key": [str(part) for part in key],
-                     "chosen": self._chosen[key],
-                     "candidates": [{"shape": candidate, "ms": round(seconds * 1e3, 4)}
-                                    for candidate, seconds in self._timings[key]]}
-                    for key in self._chosen]
+            return [
+                {
+                    "key": [str(part) for part in key],
+                    "chosen": self._chosen[key],
+                    "candidates": [
+                        {"shape": candidate, "ms": round(seconds * 1e3, 4)} for candidate, seconds in self._timings[key]
+                    ],
+                }
+                for key in self._chosen
+            ]
 
     def clear(self) -> None:
         """Forget every choice (they are made again at the next launch of each key)."""

@@ -21,18 +21,32 @@ Each operand is a :class:`.records.Operand`, the sizes a :class:`.records.Sizes`
 constexprs records too: ``RULE`` (:class:`.records.Rule`), ``OUTPUTS``
 (:class:`~gridsampler3d.sampling.Outputs`) and ``TILE`` (:class:`.records.Tile`).
 """
+
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .coords import (NEAREST, base_corner, cell_taps, linear_weight, point_indices, point_offset, point_position,
-                     store_point_gradient, tap_weight, tile_points, volume_offset, wide)
+from .coords import (
+    NEAREST,
+    base_corner,
+    cell_taps,
+    linear_weight,
+    point_indices,
+    point_offset,
+    point_position,
+    store_point_gradient,
+    tap_weight,
+    tile_points,
+    volume_offset,
+    wide,
+)
 
 
 @triton.jit
-def grid_sampler3d_bwd_kernel(grad, x, grid, dx, dgrid, sizes, RULE: tl.constexpr, ACC: tl.constexpr,
-                              OUTPUTS: tl.constexpr, TILE: tl.constexpr):
+def grid_sampler3d_bwd_kernel(
+    grad, x, grid, dx, dgrid, sizes, RULE: tl.constexpr, ACC: tl.constexpr, OUTPUTS: tl.constexpr, TILE: tl.constexpr
+):
     """dx += grad pushed through the taps (atomics, ``OUTPUTS.dx``); dgrid (N, Do, Ho, Wo, 3) through its strides
     (``OUTPUTS.dfield``).
 
@@ -60,8 +74,9 @@ def grid_sampler3d_bwd_kernel(grad, x, grid, dx, dgrid, sizes, RULE: tl.constexp
     for first_channel in range(0, channels, TILE.block_c):
         channel = first_channel + tl.arange(0, TILE.block_c).to(tl.int64)
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
-        grad_values = tl.load(grad_points[:, None] + (channel * grad.strides.c)[None, :], mask=tile_mask,
-                              other=0.0).to(ACC)
+        grad_values = tl.load(grad_points[:, None] + (channel * grad.strides.c)[None, :], mask=tile_mask, other=0.0).to(
+            ACC
+        )
         grad_wide = grad_values.to(tl.float64)
         # dgrid sums channels outer, taps inner, as PyTorch: each lane (point, channel) adds its
         # channel's taps in order, the block's first channel onto the point's running sum, and
@@ -84,11 +99,16 @@ def grid_sampler3d_bwd_kernel(grad, x, grid, dx, dgrid, sizes, RULE: tl.constexp
                     wy = weights_y[(tap >> 1) & 1][:, None]
                     wz = weights_z[tap >> 2][:, None]
                     contribution = (grad_wide * ((wx * wy) * wz)).to(ACC)
-                tl.atomic_add(dx_item + dx_offsets[tap][:, None] + (channel * dx.strides.c)[None, :], contribution,
-                              mask=tap_mask, sem="relaxed")
+                tl.atomic_add(
+                    dx_item + dx_offsets[tap][:, None] + (channel * dx.strides.c)[None, :],
+                    contribution,
+                    mask=tap_mask,
+                    sem="relaxed",
+                )
             if OUTPUTS.dfield:
-                value = tl.load(x_item + x_offsets[tap][:, None] + (channel * x.strides.c)[None, :], mask=tap_mask,
-                                other=0.0).to(tl.float64)
+                value = tl.load(
+                    x_item + x_offsets[tap][:, None] + (channel * x.strides.c)[None, :], mask=tap_mask, other=0.0
+                ).to(tl.float64)
                 wx = weights_x[tap & 1][:, None]
                 wy = weights_y[(tap >> 1) & 1][:, None]
                 wz = weights_z[tap >> 2][:, None]
@@ -135,11 +155,13 @@ def bucket_keys_kernel(grid, keys, points, sizes, RULE: tl.constexpr, TILE: tl.c
     batch, d, h, w = point_position(point, out_depth, out_height, out_width)
     grid_offset = point_offset(batch, d, h, w, grid.strides)
     ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, point_mask, depth, height, width, d, h, w, RULE, False)
-    x0, y0, z0 = (base_corner(ix, RULE.interpolation), base_corner(iy, RULE.interpolation),
-                  base_corner(iz, RULE.interpolation))
+    x0, y0, z0 = (
+        base_corner(ix, RULE.interpolation),
+        base_corner(iy, RULE.interpolation),
+        base_corner(iz, RULE.interpolation),
+    )
     lowest = 0 if RULE.interpolation == NEAREST else -1
-    touches = ((x0 >= lowest) & (x0 < width) & (y0 >= lowest) & (y0 < height) & (z0 >= lowest)
-               & (z0 < depth))
+    touches = (x0 >= lowest) & (x0 < width) & (y0 >= lowest) & (y0 < height) & (z0 >= lowest) & (z0 < depth)
     key = ((batch * (depth + 1) + z0 + 1) * (height + 1) + y0 + 1) * (width + 1) + x0 + 1
     beyond = (points // (out_depth * out_height * out_width)) * (depth + 1) * (height + 1) * (width + 1)
     tl.store(keys + point, tl.where(touches, key, beyond), mask=point_mask)
@@ -168,16 +190,27 @@ def sorted_records_kernel(grid, order, sorted_points, sizes, grad_strides, RULE:
     tl.store(sorted_points.grad_offsets + entry, grad_offset, mask=entry_mask)
     if RULE.interpolation != NEAREST:
         grid_offset = point_offset(n, d, h, w, grid.strides)
-        ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, entry_mask, depth, height, width, d, h, w, RULE,
-                                            False)
+        ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, entry_mask, depth, height, width, d, h, w, RULE, False)
         tl.store(sorted_points.indices + entry, ix, mask=entry_mask)
         tl.store(sorted_points.indices + entries + entry, iy, mask=entry_mask)
         tl.store(sorted_points.indices + 2 * entries + entry, iz, mask=entry_mask)
 
 
 @triton.jit
-def dx_gather_kernel(grad, sorted_points, dx, starts, chunk_starts, partials, voxels, sizes,
-                     INTERPOLATION: tl.constexpr, ACC: tl.constexpr, SPLIT: tl.constexpr, TILE: tl.constexpr):
+def dx_gather_kernel(
+    grad,
+    sorted_points,
+    dx,
+    starts,
+    chunk_starts,
+    partials,
+    voxels,
+    sizes,
+    INTERPOLATION: tl.constexpr,
+    ACC: tl.constexpr,
+    SPLIT: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """dx (N, C, D, H, W), every element written: per voxel, the sum of grad * weight over the points whose taps hit it.
 
     ``starts[k]`` is where key k's bucket begins in the sorted order (``starts[k + 1]``
@@ -211,41 +244,81 @@ def dx_gather_kernel(grad, sorted_points, dx, starts, chunk_starts, partials, vo
             count = tl.where(chunks > 0, 0, count)
             for chunk in range(0, tl.max(chunks, axis=0)):
                 live = (voxel_mask & (chunk < chunks))[:, None] & channel_mask
-                partial = ((first_chunk + chunk) * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels \
-                    + channel[None, :]
+                partial = ((first_chunk + chunk) * (1 if INTERPOLATION == NEAREST else 8) + tap)[
+                    :, None
+                ] * channels + channel[None, :]
                 total += tl.load(partials + partial, mask=live, other=0.0)
         for k in range(0, tl.max(count, axis=0)):
             live = voxel_mask & (k < count)
-            total += _record_term(grad, sorted_points, entries, first + k, live, channel, channel_mask,
-                                  (step_x, step_y, step_z), INTERPOLATION, ACC)
+            total += _record_term(
+                grad,
+                sorted_points,
+                entries,
+                first + k,
+                live,
+                channel,
+                channel_mask,
+                (step_x, step_y, step_z),
+                INTERPOLATION,
+                ACC,
+            )
     out_offset = batch * dx.strides.n + vz * dx.strides.d + vy * dx.strides.h + vx * dx.strides.w
-    tl.store(dx.data + out_offset[:, None] + (channel * dx.strides.c)[None, :], total,
-             mask=voxel_mask[:, None] & channel_mask)
+    tl.store(
+        dx.data + out_offset[:, None] + (channel * dx.strides.c)[None, :],
+        total,
+        mask=voxel_mask[:, None] & channel_mask,
+    )
 
 
 @triton.jit
-def _record_term(grad, sorted_points, entries, entry, live, channel, channel_mask, steps, INTERPOLATION: tl.constexpr,
-                 ACC: tl.constexpr):
+def _record_term(
+    grad,
+    sorted_points,
+    entries,
+    entry,
+    live,
+    channel,
+    channel_mask,
+    steps,
+    INTERPOLATION: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """grad * weight (block_w, block_c) of sorted entry ``entry`` (of ``entries``, int64) for its tap ``steps`` =
     (step_x, step_y, step_z), in ``ACC``: the float64 product rounded once; 0 where not ``live``."""
     step_x, step_y, step_z = steps
     grad_offset = tl.load(sorted_points.grad_offsets + entry, mask=live, other=0)
-    values = tl.load(grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :],
-                     mask=live[:, None] & channel_mask, other=0.0)
+    values = tl.load(
+        grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :],
+        mask=live[:, None] & channel_mask,
+        other=0.0,
+    )
     if INTERPOLATION == NEAREST:
         return values.to(ACC)
     ix = tl.load(sorted_points.indices + entry, mask=live, other=0.0)
     iy = tl.load(sorted_points.indices + entries + entry, mask=live, other=0.0)
     iz = tl.load(sorted_points.indices + 2 * entries + entry, mask=live, other=0.0)
-    weight = (linear_weight(ix, base_corner(ix, INTERPOLATION), step_x)
-              * linear_weight(iy, base_corner(iy, INTERPOLATION), step_y)
-              * linear_weight(iz, base_corner(iz, INTERPOLATION), step_z))
+    weight = (
+        linear_weight(ix, base_corner(ix, INTERPOLATION), step_x)
+        * linear_weight(iy, base_corner(iy, INTERPOLATION), step_y)
+        * linear_weight(iz, base_corner(iz, INTERPOLATION), step_z)
+    )
     return (values.to(tl.float64) * weight[:, None]).to(ACC)
 
 
 @triton.jit
-def bucket_partials_kernel(grad, sorted_points, partials, chunk_first, chunk_count, chunks, channels,
-                           INTERPOLATION: tl.constexpr, ACC: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr):
+def bucket_partials_kernel(
+    grad,
+    sorted_points,
+    partials,
+    chunk_first,
+    chunk_count,
+    chunks,
+    channels,
+    INTERPOLATION: tl.constexpr,
+    ACC: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """partials (chunks, taps, C) in ``ACC``: per chunk of at most CHUNK consecutive entries
     of a long bucket (from ``chunk_first``, ``chunk_count`` of them, in the sorted order of
     ``sorted_points``), per tap, the sum of grad * weight in point order. ``TILE.block_w``
@@ -268,7 +341,17 @@ def bucket_partials_kernel(grad, sorted_points, partials, chunk_first, chunk_cou
     for k in range(0, CHUNK):
         live = chunk_mask & (k < count)
         # The same product, in the same order, as dx_gather_kernel's.
-        total += _record_term(grad, sorted_points, entries, first + k, live, channel, channel_mask,
-                              (tap & 1, (tap >> 1) & 1, tap >> 2), INTERPOLATION, ACC)
+        total += _record_term(
+            grad,
+            sorted_points,
+            entries,
+            first + k,
+            live,
+            channel,
+            channel_mask,
+            (tap & 1, (tap >> 1) & 1, tap >> 2),
+            INTERPOLATION,
+            ACC,
+        )
     partial = (chunk * (1 if INTERPOLATION == NEAREST else 8) + tap)[:, None] * channels + channel[None, :]
     tl.store(partials + partial, total, mask=chunk_mask[:, None] & channel_mask)

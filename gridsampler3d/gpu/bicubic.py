@@ -19,13 +19,25 @@ position plus the displacement, slope 1.
 The kernels take their operands and constexprs as records, as :mod:`.backward`'s do
 (:mod:`.records`); they read ``RULE.padding``, ``RULE.align_corners`` and ``RULE.field``.
 """
+
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .coords import (component_offsets, cubic_slope, cubic_weight, cubic_weight_at, pad_tap, point_offset,
-                     point_position, store_point_gradient, unnormalize, volume_offset, wide)
+from .coords import (
+    component_offsets,
+    cubic_slope,
+    cubic_weight,
+    cubic_weight_at,
+    pad_tap,
+    point_offset,
+    point_position,
+    store_point_gradient,
+    unnormalize,
+    volume_offset,
+    wide,
+)
 
 
 @triton.jit
@@ -78,8 +90,19 @@ def bicubic_fwd_kernel(x, grid, y, points, sizes, RULE: tl.constexpr, ACC: tl.co
 
 
 @triton.jit
-def bicubic_bwd_kernel(grad, x, grid, dx, dgrid, points, sizes, RULE: tl.constexpr, ACC: tl.constexpr,
-                       OUTPUTS: tl.constexpr, TILE: tl.constexpr):
+def bicubic_bwd_kernel(
+    grad,
+    x,
+    grid,
+    dx,
+    dgrid,
+    points,
+    sizes,
+    RULE: tl.constexpr,
+    ACC: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer, ``OUTPUTS.dx``) and/or dgrid (through
     its strides, float64 sums, ``OUTPUTS.dfield``).
 
@@ -99,11 +122,23 @@ def bicubic_bwd_kernel(grad, x, grid, dx, dgrid, points, sizes, RULE: tl.constex
     for first_channel in range(0, channels, TILE.block_c):
         channel = first_channel + tl.arange(0, TILE.block_c).to(tl.int64)
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
-        grad_values = tl.load(grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :], mask=tile_mask,
-                              other=0.0).to(ACC)
+        grad_values = tl.load(
+            grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :], mask=tile_mask, other=0.0
+        ).to(ACC)
         grad_wide = grad_values.to(tl.float64)
-        total_x, total_y, total_z = _tap_sums(x, dx, batch, channel, tile_mask, grad_values,
-                                              (ix, iy, iz, x0, y0, z0), (depth, height, width), RULE, ACC, OUTPUTS)
+        total_x, total_y, total_z = _tap_sums(
+            x,
+            dx,
+            batch,
+            channel,
+            tile_mask,
+            grad_values,
+            (ix, iy, iz, x0, y0, z0),
+            (depth, height, width),
+            RULE,
+            ACC,
+            OUTPUTS,
+        )
         if OUTPUTS.dfield:
             grad_x += tl.sum(tl.where(tile_mask, total_x * grad_wide, 0.0), axis=1)
             grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
@@ -114,8 +149,19 @@ def bicubic_bwd_kernel(grad, x, grid, dx, dgrid, points, sizes, RULE: tl.constex
 
 
 @triton.jit
-def _tap_sums(x, dx, batch, channel, tile_mask, grad_values, point, volume_sizes, RULE: tl.constexpr,
-              ACC: tl.constexpr, OUTPUTS: tl.constexpr):
+def _tap_sums(
+    x,
+    dx,
+    batch,
+    channel,
+    tile_mask,
+    grad_values,
+    point,
+    volume_sizes,
+    RULE: tl.constexpr,
+    ACC: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+):
     """One block of channels of :func:`bicubic_bwd_kernel` over the 64 taps: dx += grad * weight (atomics,
     ``OUTPUTS.dx``), and with ``OUTPUTS.dfield`` the (block_w, block_c) float64 sums (total_x, total_y, total_z) that
     dgrid takes times grad (else zeros).
@@ -148,13 +194,18 @@ def _tap_sums(x, dx, batch, channel, tile_mask, grad_values, point, volume_sizes
                 tap_mask = tile_mask & inside[:, None]
                 if OUTPUTS.dx:
                     offset = batch * dx.strides.n + cz * dx.strides.d + cy * dx.strides.h + cx * dx.strides.w
-                    tl.atomic_add(dx.data + offset[:, None] + (channel * dx.strides.c)[None, :],
-                                  grad_values * (wx * wy * wz).to(ACC)[:, None], mask=tap_mask, sem="relaxed")
+                    tl.atomic_add(
+                        dx.data + offset[:, None] + (channel * dx.strides.c)[None, :],
+                        grad_values * (wx * wy * wz).to(ACC)[:, None],
+                        mask=tap_mask,
+                        sem="relaxed",
+                    )
                 if OUTPUTS.dfield:
                     offset = batch * x.strides.n + cz * x.strides.d + cy * x.strides.h + cx * x.strides.w
                     # An outside tap reads 0 but still takes part (PyTorch's 2-D bicubic).
-                    value = tl.load(x.data + offset[:, None] + (channel * x.strides.c)[None, :], mask=tap_mask,
-                                    other=0.0).to(tl.float64)
+                    value = tl.load(
+                        x.data + offset[:, None] + (channel * x.strides.c)[None, :], mask=tap_mask, other=0.0
+                    ).to(tl.float64)
                     row_w += value * wx[:, None]
                     row_s += value * cubic_slope(ix - x0, i)[:, None]
             if OUTPUTS.dfield:
@@ -169,8 +220,7 @@ def _tap_sums(x, dx, batch, channel, tile_mask, grad_values, point, volume_sizes
 
 
 @triton.jit
-def bicubic_tap_keys_kernel(grid, keys, first_point, last_point, voxels, sizes, RULE: tl.constexpr,
-                            TILE: tl.constexpr):
+def bicubic_tap_keys_kernel(grid, keys, first_point, last_point, voxels, sizes, RULE: tl.constexpr, TILE: tl.constexpr):
     """keys[64 * q + tap] (int64): the voxel (n, z, y, x) that tap ``tap`` of point first_point + q lands in,
     or ``voxels`` (N * D * H * W, past every voxel) when it lands outside; points up to ``last_point``,
     ``TILE.block_w`` a program."""
@@ -193,8 +243,20 @@ def bicubic_tap_keys_kernel(grid, keys, first_point, last_point, voxels, sizes, 
 
 
 @triton.jit
-def bicubic_dx_gather_kernel(grad, grid, dx, order, starts, first_point, voxels, sizes, RULE: tl.constexpr,
-                             ACC: tl.constexpr, FIRST_CHUNK: tl.constexpr, TILE: tl.constexpr):
+def bicubic_dx_gather_kernel(
+    grad,
+    grid,
+    dx,
+    order,
+    starts,
+    first_point,
+    voxels,
+    sizes,
+    RULE: tl.constexpr,
+    ACC: tl.constexpr,
+    FIRST_CHUNK: tl.constexpr,
+    TILE: tl.constexpr,
+):
     """dx (``ACC``, N, C, D, H, W) += this chunk's entries, in sorted (point, tap) order; every element written.
 
     ``order`` lists entries 64 * q + tap (q counted from ``first_point``) stably sorted by
@@ -214,8 +276,11 @@ def bicubic_dx_gather_kernel(grad, grid, dx, order, starts, first_point, voxels,
     vy = (voxel // width) % height
     vz = (voxel // (width * height)) % depth
     batch = voxel // (width * height * depth)
-    out = dx.data + (batch * dx.strides.n + vz * dx.strides.d + vy * dx.strides.h + vx * dx.strides.w)[:, None] \
+    out = (
+        dx.data
+        + (batch * dx.strides.n + vz * dx.strides.d + vy * dx.strides.h + vx * dx.strides.w)[:, None]
         + (channel * dx.strides.c)[None, :]
+    )
     if FIRST_CHUNK:
         total = tl.zeros([TILE.block_w, TILE.block_c], ACC)
     else:
@@ -229,10 +294,16 @@ def bicubic_dx_gather_kernel(grad, grid, dx, order, starts, first_point, voxels,
         tap = code % 64
         n, d, h, w = point_position(point, out_depth, out_height, out_width)
         ix, iy, iz, x0, y0, z0, _, _, _ = _grid_point(grid, n, d, h, w, live, depth, height, width, RULE)
-        weight = (cubic_weight_at(ix - x0, tap % 4) * cubic_weight_at(iy - y0, (tap // 4) % 4)
-                  * cubic_weight_at(iz - z0, tap // 16))
+        weight = (
+            cubic_weight_at(ix - x0, tap % 4)
+            * cubic_weight_at(iy - y0, (tap // 4) % 4)
+            * cubic_weight_at(iz - z0, tap // 16)
+        )
         grad_offset = volume_offset(n, d, h, w, grad.strides)
-        values = tl.load(grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :],
-                         mask=live[:, None] & tile_mask, other=0.0).to(ACC)
+        values = tl.load(
+            grad.data + grad_offset[:, None] + (channel * grad.strides.c)[None, :],
+            mask=live[:, None] & tile_mask,
+            other=0.0,
+        ).to(ACC)
         total += tl.where(live[:, None], weight.to(ACC)[:, None] * values, 0.0)
     tl.store(out, total, mask=tile_mask)

@@ -7,6 +7,7 @@ kernels round weights to their accumulation type afterwards. The kernels call th
 nothing else for coordinates. ``RULE`` is the call's :class:`.records.Rule` (a constexpr),
 a grid or its gradient an :class:`.records.Operand` with :class:`.records.PointStrides`.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..modes import Interpolation, Padding
-from ..sampling import FieldKind
 from ..reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 from ..rounding import ROUNDER
+from ..sampling import FieldKind
 
 # The shared numbers as constexprs: a Triton kernel reads no other globals.
 INT_MAX = tl.constexpr(INT_MAX)
@@ -247,6 +248,7 @@ def volume_offset(n, d, h, w, strides):
 
 # ---- bicubic: padding applies to each tap; the point's index is only unnormalised ----
 
+
 @triton.jit
 def unnormalize(coord, size, origin, RULE: tl.constexpr):
     """(index, d index / d coord), float64, of normalised coordinates along ``size`` voxels
@@ -285,8 +287,11 @@ def cubic_weight(t, STEP: tl.constexpr):
 @triton.jit
 def cubic_weight_at(t, step):
     """:func:`cubic_weight` for a run-time ``step`` (int tensor)."""
-    return tl.where(step == 0, cubic_weight(t, 0), tl.where(step == 1, cubic_weight(t, 1),
-                    tl.where(step == 2, cubic_weight(t, 2), cubic_weight(t, 3))))
+    return tl.where(
+        step == 0,
+        cubic_weight(t, 0),
+        tl.where(step == 1, cubic_weight(t, 1), tl.where(step == 2, cubic_weight(t, 2), cubic_weight(t, 3))),
+    )
 
 
 @triton.jit

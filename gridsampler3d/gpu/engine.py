@@ -14,6 +14,7 @@ tensor and its strides as one :class:`.records.Operand`, the sizes as one
 point order, :meth:`.sampling.Field.point_strides`) and write its gradient through its own
 strides.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,10 +27,22 @@ from ..modes import Interpolation
 from ..sampling import Field, Outputs, Sampling
 from . import autotune
 from .gathered import gathered_bicubic_dx, gathered_dx
-from .launch import (accumulator, field_operand, fusion, interpreter_enabled, kernel_rule, kernels, launch_tuned,
-                     patch_grid, points_of, sizes_of, store_dtype, volume_operand)
-from .records import constexpr_members
+from .launch import (
+    accumulator,
+    field_operand,
+    fusion,
+    interpreter_enabled,
+    kernel_rule,
+    kernels,
+    launch_tuned,
+    patch_grid,
+    points_of,
+    sizes_of,
+    store_dtype,
+    volume_operand,
+)
 from .planner import DxMethod, FieldPass, GpuCall, GpuPlan, Stage, make_plan
+from .records import constexpr_members
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
 
@@ -41,25 +54,52 @@ def _capability(device: torch.device) -> tuple:
     return (9, 0)
 
 
-def describe_call(x, field: Field, sampling: Sampling, *, grad=None, outputs: Outputs = Outputs(),
-                  deterministic: bool = False, device: torch.device | None = None) -> GpuCall:
+def describe_call(
+    x,
+    field: Field,
+    sampling: Sampling,
+    *,
+    grad=None,
+    outputs: Outputs = Outputs(),
+    deterministic: bool = False,
+    device: torch.device | None = None,
+) -> GpuCall:
     """The GPU planner's description of a call from its NCDHW tensors (of any device, meta included) and records;
     ``grad`` is given for a backward, ``device`` (default x's) is where it runs."""
     device = x.device if device is None else device
     interpreted = device.type == "cpu" and interpreter_enabled()
-    return GpuCall(stage=Stage.FORWARD if grad is None else Stage.BACKWARD, batch=x.shape[0], channels=x.shape[1],
-                   sizes=tuple(x.shape[2:]), out_sizes=field.out_sizes, dtype=str(x.dtype).removeprefix("torch."),
-                   sampling=sampling, field=field.kind, outputs=Outputs(*map(bool, outputs)),
-                   channels_adjacent=x.shape[1] > 1 and x.stride(1) == 1, deterministic=bool(deterministic),
-                   interpreted=interpreted, autotune=autotune.enabled(device),
-                   capability=_capability(device))
+    return GpuCall(
+        stage=Stage.FORWARD if grad is None else Stage.BACKWARD,
+        batch=x.shape[0],
+        channels=x.shape[1],
+        sizes=tuple(x.shape[2:]),
+        out_sizes=field.out_sizes,
+        dtype=str(x.dtype).removeprefix("torch."),
+        sampling=sampling,
+        field=field.kind,
+        outputs=Outputs(*map(bool, outputs)),
+        channels_adjacent=x.shape[1] > 1 and x.stride(1) == 1,
+        deterministic=bool(deterministic),
+        interpreted=interpreted,
+        autotune=autotune.enabled(device),
+        capability=_capability(device),
+    )
 
 
-def plan_call(x, field: Field, sampling: Sampling, *, grad=None, outputs: Outputs = Outputs(),
-              deterministic: bool = False, device: torch.device | None = None) -> GpuPlan:
+def plan_call(
+    x,
+    field: Field,
+    sampling: Sampling,
+    *,
+    grad=None,
+    outputs: Outputs = Outputs(),
+    deterministic: bool = False,
+    device: torch.device | None = None,
+) -> GpuPlan:
     """The plan of a call: :func:`describe_call`, then :func:`.planner.make_plan`."""
-    return make_plan(describe_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic,
-                                   device=device))
+    return make_plan(
+        describe_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic, device=device)
+    )
 
 
 def _on_device(device: torch.device):
@@ -85,8 +125,12 @@ class TritonBackend:
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
         plan = plan_call(x, field, sampling)
-        y = torch.empty(tuple(x.shape[:2]) + field.out_sizes, dtype=store_dtype(x.dtype), device=x.device,
-                        memory_format=memory_format_of(x))
+        y = torch.empty(
+            tuple(x.shape[:2]) + field.out_sizes,
+            dtype=store_dtype(x.dtype),
+            device=x.device,
+            memory_format=memory_format_of(x),
+        )
         with _on_device(x.device):
             if plan.interpolation == Interpolation.BICUBIC:
                 _bicubic_forward(plan, x, field, sampling, y)
@@ -94,14 +138,22 @@ class TritonBackend:
                 _forward(plan, x, field, sampling, y)
         return y.to(x.dtype)
 
-    def backward(self, grad: torch.Tensor, x: torch.Tensor, field: Field, sampling: Sampling, outputs: Outputs,
-                 deterministic: bool):
+    def backward(
+        self,
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        field: Field,
+        sampling: Sampling,
+        outputs: Outputs,
+        deterministic: bool,
+    ):
         """(dx, dfield): dfield laid out as :meth:`.sampling.Field.gradient_format` says."""
         plan = plan_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic)
         dfield = None
         if outputs.dfield:
-            dfield = torch.empty_like(field.tensor, dtype=store_dtype(field.tensor.dtype),
-                                      memory_format=field.gradient_format())
+            dfield = torch.empty_like(
+                field.tensor, dtype=store_dtype(field.tensor.dtype), memory_format=field.gradient_format()
+            )
             if plan.field_pass == FieldPass.ZEROS:
                 dfield.zero_()
         dx = None
@@ -128,7 +180,8 @@ def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> None:
 
     def launch(tile):
         forward.grid_sampler3d_fwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            *operands, **constexprs, **tile.keywords())
+            *operands, **constexprs, **tile.keywords()
+        )
 
     launch_tuned("forward", plan, x, launch)
 
@@ -138,8 +191,16 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> N
     _, _, bicubic = kernels()
     points, tile = points_of(x, field), plan.tile
     bicubic.bicubic_fwd_kernel[(-(-points // tile.block_w), -(-x.shape[1] // tile.block_c))](
-        volume_operand(x), field_operand(field), volume_operand(y), points, sizes_of(x, field),
-        RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums), **tile.keywords(), **fusion(x.dtype))
+        volume_operand(x),
+        field_operand(field),
+        volume_operand(y),
+        points,
+        sizes_of(x, field),
+        RULE=kernel_rule(sampling, field.kind),
+        ACC=accumulator(plan.sums),
+        **tile.keywords(),
+        **fusion(x.dtype),
+    )
 
 
 def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
@@ -150,20 +211,31 @@ def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
     grad, x, field, sampling = call
     want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.field_pass == FieldPass.WALK
     dx_target, dfield_target = (dx if want_dx else x), (dfield if want_dfield else field.tensor)
-    operands = (volume_operand(grad), volume_operand(x), field_operand(field), volume_operand(dx_target),
-                field_operand(field, dfield_target))
-    constexprs = dict(RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums),
-                      OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield)), **fusion(x.dtype))
+    operands = (
+        volume_operand(grad),
+        volume_operand(x),
+        field_operand(field),
+        volume_operand(dx_target),
+        field_operand(field, dfield_target),
+    )
+    constexprs = dict(
+        RULE=kernel_rule(sampling, field.kind),
+        ACC=accumulator(plan.sums),
+        OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield)),
+        **fusion(x.dtype),
+    )
     if plan.interpolation == Interpolation.BICUBIC:
         points, tile = points_of(x, field), plan.tile
         bicubic.bicubic_bwd_kernel[(-(-points // tile.block_w),)](
-            *operands, points, sizes_of(x, field), **constexprs, **tile.keywords())
+            *operands, points, sizes_of(x, field), **constexprs, **tile.keywords()
+        )
         return
 
     def launch(tile):
         if want_dx:
             dx.zero_()  # a timed launch has added into it
         backward.grid_sampler3d_bwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            *operands, sizes_of(x, field), **constexprs, **tile.keywords())
+            *operands, sizes_of(x, field), **constexprs, **tile.keywords()
+        )
 
     launch_tuned("backward", plan, x, launch)

@@ -11,6 +11,7 @@ For a displacement (``RULE.field``, the fused warp) the "grid" is a displacement
 (dz, dy, dx) in voxels, passed with its strides in point order (:class:`.records.PointStrides`):
 point (d, h, w) samples at (w + dx, h + dy, d + dz) (``coords.source_index``).
 """
+
 from __future__ import annotations
 
 import triton
@@ -41,8 +42,11 @@ def grid_sampler3d_fwd_kernel(x, grid, y, sizes, RULE: tl.constexpr, ACC: tl.con
         tile_mask = point_mask[:, None] & (channel < channels)[None, :]
         total = tl.zeros([TILE.block_d * TILE.block_h * TILE.block_w, TILE.block_c], ACC)
         for tap in tl.static_range(1 if RULE.interpolation == NEAREST else 8):
-            value = tl.load(x_item + offsets[tap][:, None] + (channel * x.strides.c)[None, :],
-                            mask=tile_mask & insides[tap][:, None], other=0.0).to(ACC)
+            value = tl.load(
+                x_item + offsets[tap][:, None] + (channel * x.strides.c)[None, :],
+                mask=tile_mask & insides[tap][:, None],
+                other=0.0,
+            ).to(ACC)
             if RULE.interpolation == NEAREST:
                 total += value
             else:

@@ -9,6 +9,7 @@ summed as partial sums of a chunk each, in chunk order. Tricubic
 far-away points, to the same voxel, so every (point, tap) entry is keyed by its voxel and
 sorted, a chunk of points at a time. Nothing depends on timing: the same bits on every run.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,18 @@ from ..layout import memory_format_of
 from ..modes import Interpolation
 from ..rounding import round_once
 from ..sampling import Field, Sampling
-from .launch import (accumulator, field_operand, fusion, kernel_rule, kernels, launch_tuned, points_of, sizes_of,
-                     store_dtype, volume_operand)
+from .launch import (
+    accumulator,
+    field_operand,
+    fusion,
+    kernel_rule,
+    kernels,
+    launch_tuned,
+    points_of,
+    sizes_of,
+    store_dtype,
+    volume_operand,
+)
 from .planner import GpuPlan, Tile
 from .records import SortedRecords, VolumeStrides
 
@@ -57,8 +68,10 @@ def chunks(starts: torch.Tensor, counts: torch.Tensor, buckets: int, chunk: int)
     if total == 0:
         return None
     bucket = torch.repeat_interleave(torch.arange(buckets, device=starts.device), per_bucket)
-    first = starts[bucket].to(torch.int64) + (torch.arange(total, device=starts.device)
-                                              - chunk_starts[bucket].to(torch.int64)) * chunk
+    first = (
+        starts[bucket].to(torch.int64)
+        + (torch.arange(total, device=starts.device) - chunk_starts[bucket].to(torch.int64)) * chunk
+    )
     count = torch.clamp(starts[bucket + 1].to(torch.int64) - first, max=chunk).to(torch.int32)
     return chunk_starts, first, count
 
@@ -80,15 +93,19 @@ def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling):
     keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
     tile = Tile(block_w=256)
     backward.bucket_keys_kernel[(-(-points // tile.block_w),)](
-        field_operand(field), keys, points, sizes, RULE=rule, **tile.keywords())
+        field_operand(field), keys, points, sizes, RULE=rule, **tile.keywords()
+    )
     order = torch.sort(keys, stable=True).indices
     starts, counts = _bucket_starts(keys, buckets + 1, points)
     trilinear = plan.interpolation != Interpolation.NEAREST
-    sorted_points = SortedRecords(torch.empty(3 * points if trilinear else 1, dtype=torch.float64, device=x.device),
-                                  torch.empty(points, dtype=torch.int64, device=x.device), points)
+    sorted_points = SortedRecords(
+        torch.empty(3 * points if trilinear else 1, dtype=torch.float64, device=x.device),
+        torch.empty(points, dtype=torch.int64, device=x.device),
+        points,
+    )
     backward.sorted_records_kernel[(-(-points // tile.block_w),)](
-        field_operand(field), order, sorted_points, sizes, VolumeStrides(*grad.stride()), RULE=rule,
-        **tile.keywords())
+        field_operand(field), order, sorted_points, sizes, VolumeStrides(*grad.stride()), RULE=rule, **tile.keywords()
+    )
     return starts, counts, sorted_points
 
 
@@ -107,22 +124,50 @@ def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> tor
         chunk_starts, first, count = chunked
         taps = 1 if plan.interpolation == Interpolation.NEAREST else 8
         # In the accumulation dtype: float32 for float32, float64 otherwise.
-        partials = torch.empty(first.numel(), taps, channels, device=x.device,
-                               dtype=torch.float32 if x.dtype == torch.float32 else torch.float64)
+        partials = torch.empty(
+            first.numel(),
+            taps,
+            channels,
+            device=x.device,
+            dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
+        )
         partials_tile = Tile(block_w=64, block_c=block_c)  # block_w: chunks
         backward.bucket_partials_kernel[(-(-first.numel() // partials_tile.block_w), taps, -(-channels // block_c))](
-            volume_operand(grad), sorted_points, partials, first, count, first.numel(), channels,
-            INTERPOLATION=int(plan.interpolation), ACC=acc, CHUNK=plan.chunk, **partials_tile.keywords(),
-            **fusion(x.dtype))
+            volume_operand(grad),
+            sorted_points,
+            partials,
+            first,
+            count,
+            first.numel(),
+            channels,
+            INTERPOLATION=int(plan.interpolation),
+            ACC=acc,
+            CHUNK=plan.chunk,
+            **partials_tile.keywords(),
+            **fusion(x.dtype),
+        )
     dx = torch.empty_like(x, dtype=_exact_store_dtype(x.dtype), memory_format=memory_format_of(x))
     voxels = batch * depth * height * width
-    operands = (volume_operand(grad), sorted_points, volume_operand(dx), starts, chunk_starts, partials, voxels,
-                sizes_of(x, field))
+    operands = (
+        volume_operand(grad),
+        sorted_points,
+        volume_operand(dx),
+        starts,
+        chunk_starts,
+        partials,
+        voxels,
+        sizes_of(x, field),
+    )
 
     def launch(tile):
         backward.dx_gather_kernel[(-(-voxels // tile.block_w), -(-channels // tile.block_c))](
-            *operands, INTERPOLATION=int(plan.interpolation), ACC=acc, SPLIT=chunked is not None,
-            **tile.keywords(), **fusion(x.dtype))
+            *operands,
+            INTERPOLATION=int(plan.interpolation),
+            ACC=acc,
+            SPLIT=chunked is not None,
+            **tile.keywords(),
+            **fusion(x.dtype),
+        )
 
     launch_tuned("dx_gather", plan, x, launch, gather=True)
     return round_once(dx, x.dtype)
@@ -136,19 +181,37 @@ def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling
     batch, channels, depth, height, width = x.shape
     points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
     voxel_count = batch * depth * height * width
-    dx = torch.empty_like(x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64,
-                          memory_format=memory_format_of(x))
+    dx = torch.empty_like(
+        x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64, memory_format=memory_format_of(x)
+    )
     keys_tile, tile = Tile(block_w=64), plan.gather_tile
     operands = (volume_operand(grad), field_operand(field), volume_operand(dx))
     for first_point in range(0, points, plan.chunk):
         count = min(plan.chunk, points - first_point)
         keys = torch.empty(count * 64, dtype=_index_dtype(voxel_count + 1), device=x.device)
         bicubic.bicubic_tap_keys_kernel[(-(-count // keys_tile.block_w),)](
-            field_operand(field), keys, first_point, first_point + count, voxel_count, sizes, RULE=rule,
-            **keys_tile.keywords())
+            field_operand(field),
+            keys,
+            first_point,
+            first_point + count,
+            voxel_count,
+            sizes,
+            RULE=rule,
+            **keys_tile.keywords(),
+        )
         order = torch.sort(keys, stable=True).indices
         starts, _ = _bucket_starts(keys, voxel_count + 1, count * 64)
         bicubic.bicubic_dx_gather_kernel[(-(-voxel_count // tile.block_w), -(-channels // tile.block_c))](
-            *operands, order, starts, first_point, voxel_count, sizes, RULE=rule, ACC=accumulator(plan.dx_sums),
-            FIRST_CHUNK=first_point == 0, **tile.keywords(), **fusion(x.dtype))
+            *operands,
+            order,
+            starts,
+            first_point,
+            voxel_count,
+            sizes,
+            RULE=rule,
+            ACC=accumulator(plan.dx_sums),
+            FIRST_CHUNK=first_point == 0,
+            **tile.keywords(),
+            **fusion(x.dtype),
+        )
     return round_once(dx, x.dtype)

@@ -1,6 +1,7 @@
 """What every launch of the GPU engine shares: the kernel modules, the records the kernels take (:mod:`.records`),
 the kernels' constexprs, launch grids, tuning.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,20 @@ from . import autotune
 from .planner import GpuPlan
 from .records import Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
 
-__all__ = ["accumulator", "field_operand", "fusion", "interpreter_enabled", "kernel_rule", "kernels", "launch_tuned",
-           "patch_grid", "points_of", "sizes_of", "store_dtype", "volume_operand"]
+__all__ = [
+    "accumulator",
+    "field_operand",
+    "fusion",
+    "interpreter_enabled",
+    "kernel_rule",
+    "kernels",
+    "launch_tuned",
+    "patch_grid",
+    "points_of",
+    "sizes_of",
+    "store_dtype",
+    "volume_operand",
+]
 
 
 def interpreter_enabled() -> bool:
@@ -57,8 +70,9 @@ def fusion(dtype: torch.dtype) -> dict:
 
 def kernel_rule(sampling: Sampling, field: FieldKind) -> Rule:
     """The kernels' constexpr ``RULE`` of the call's records (:func:`constexpr_members`)."""
-    return constexpr_members(Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners),
-                                  int(field)))
+    return constexpr_members(
+        Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners), int(field))
+    )
 
 
 def volume_operand(tensor) -> Operand:
@@ -82,15 +96,23 @@ def launch_tuned(kernel: str, plan: GpuPlan, x: torch.Tensor, launch, gather: bo
     """Launch the plan's kernel (or with ``gather`` its gather kernel) with the shape :mod:`.autotune` chose among
     the plan's candidates for (kernel, interpolation, dtype, layout, channels, device), timed once per key where
     the plan says the launch is tuned; else with the plan's shape."""
-    tuned, tile, candidates = ((plan.gather_tuned, plan.gather_tile, plan.gather_candidates) if gather else
-                               (plan.tuned, plan.tile, plan.candidates))
+    tuned, tile, candidates = (
+        (plan.gather_tuned, plan.gather_tile, plan.gather_candidates)
+        if gather
+        else (plan.tuned, plan.tile, plan.candidates)
+    )
     if not (tuned and autotune.enabled(x.device)):
         launch(tile)
         return
     layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
     # The device too: a process may drive GPUs of different kinds.
-    key = (f"{kernel} {plan.interpolation.name.lower()}", str(x.dtype).removeprefix("torch."), layout,
-           1 << max(0, x.shape[1] - 1).bit_length(), str(x.device))
+    key = (
+        f"{kernel} {plan.interpolation.name.lower()}",
+        str(x.dtype).removeprefix("torch."),
+        layout,
+        1 << max(0, x.shape[1] - 1).bit_length(),
+        str(x.device),
+    )
     launch(autotune.TUNER.choose(key, list(candidates), launch))
 
 

@@ -12,6 +12,7 @@ No decision here moves a bit that the plan does not say it moves: every launch s
 tuner may try gives the same results (docs/gpu.md, "Autotuning"), and the deterministic
 mode's sums run in a fixed order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,12 +39,14 @@ INTERPRETED_SCALE = 8
 
 class Stage(enum.Enum):
     """The pass a call runs: the forward (y) or the backward (dx and the field's gradient)."""
+
     FORWARD = "forward"
     BACKWARD = "backward"
 
 
 class DxMethod(enum.Enum):
     """How the backward computes dx."""
+
     NONE = "none"  # not asked for
     ATOMIC = "atomic"  # the fast mode: the backward kernel adds grad * weight into each tap with atomics
     GATHERED = "gathered"  # deterministic: points bucketed by cell, sorted, each voxel gathers its buckets in order
@@ -52,6 +55,7 @@ class DxMethod(enum.Enum):
 
 class FieldPass(enum.Enum):
     """How the backward computes the field's gradient."""
+
     NONE = "none"  # not asked for
     ZEROS = "zeros"  # nearest: zero everywhere, no pass
     WALK = "walk"  # in the backward kernel's walk over the points, a per-point sum over channels and taps
@@ -61,6 +65,7 @@ class FieldPass(enum.Enum):
 class Tile:
     """A launch shape: ``block_d`` x ``block_h`` x ``block_w`` output points (patch kernels; the flat kernels use
     ``block_w`` alone, as points or voxels) times ``block_c`` channels a program, on ``num_warps`` warps."""
+
     block_w: int
     block_c: int = 1
     block_h: int = 1
@@ -68,15 +73,18 @@ class Tile:
     num_warps: int = 4
 
     def __str__(self) -> str:
-        points = f"{self.block_d}x{self.block_h}x{self.block_w}" if self.block_d * self.block_h > 1 else \
-            f"{self.block_w}"
+        points = (
+            f"{self.block_d}x{self.block_h}x{self.block_w}" if self.block_d * self.block_h > 1 else f"{self.block_w}"
+        )
         return f"{points} x {self.block_c} channel{'s' * (self.block_c > 1)}, {self.num_warps} warps"
 
     def keywords(self) -> dict:
         """The kernels' launch keywords: the constexpr ``TILE`` (:class:`.records.Tile`, this shape's block sizes)
         and the launch option ``num_warps``."""
-        return {"TILE": records.constexpr_members(records.Tile(self.block_w, self.block_c, self.block_h, self.block_d)),
-                "num_warps": self.num_warps}
+        return {
+            "TILE": records.constexpr_members(records.Tile(self.block_w, self.block_c, self.block_h, self.block_d)),
+            "num_warps": self.num_warps,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +96,7 @@ class GpuCall:
     the kernels run through Triton's interpreter. ``autotune``: launches on this device may
     be tuned (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor).
     """
+
     stage: Stage
     batch: int
     channels: int
@@ -122,6 +131,7 @@ class GpuPlan:
     points' entries at a time (:data:`DxMethod.SORTED_TAPS`). ``sums`` is the precision of
     the main kernel's sums, ``dx_sums`` that of dx's.
     """
+
     stage: Stage
     interpolation: Interpolation
     tile: Tile
@@ -141,15 +151,23 @@ class GpuPlan:
 
     def __str__(self) -> str:
         where = "Triton's interpreter" if self.interpreted else f"cuda sm_{self.capability[0]}{self.capability[1]}"
-        kernel = {Interpolation.BILINEAR: "trilinear", Interpolation.NEAREST: "nearest",
-                  Interpolation.BICUBIC: "tricubic"}[self.interpolation]
+        kernel = {
+            Interpolation.BILINEAR: "trilinear",
+            Interpolation.NEAREST: "nearest",
+            Interpolation.BICUBIC: "tricubic",
+        }[self.interpolation]
         words = [f"{self.stage.value} on {where}: {kernel}"]
         if self.walk:
             tuned = f", tuned among {len(self.candidates)} shapes" if self.tuned else ""
             words.append(f"programs of {self.tile}{tuned}, sums in {self.sums}")
         if self.stage == Stage.BACKWARD:
-            words.append({FieldPass.NONE: "", FieldPass.ZEROS: "field gradient zero",
-                          FieldPass.WALK: "field gradient in the walk over points"}[self.field_pass])
+            words.append(
+                {
+                    FieldPass.NONE: "",
+                    FieldPass.ZEROS: "field gradient zero",
+                    FieldPass.WALK: "field gradient in the walk over points",
+                }[self.field_pass]
+            )
             words.append(_dx_words(self))
         return ", ".join(word for word in words if word)
 
@@ -159,11 +177,16 @@ def _dx_words(plan: GpuPlan) -> str:
         return f"dx by atomics in {plan.dx_sums}"
     if plan.dx == DxMethod.NONE:
         return ""
-    how = (f"points bucketed by cell (long buckets in chunks of {plan.chunk})" if plan.dx == DxMethod.GATHERED
-           else f"(point, tap) entries of {plan.chunk} points at a time")
+    how = (
+        f"points bucketed by cell (long buckets in chunks of {plan.chunk})"
+        if plan.dx == DxMethod.GATHERED
+        else f"(point, tap) entries of {plan.chunk} points at a time"
+    )
     tuned = f", tuned among {len(plan.gather_candidates)} shapes" if plan.gather_tuned else ""
-    return (f"dx deterministic: {how}, sorted, gathered by programs of {plan.gather_tile}{tuned}, sums in "
-            f"{plan.dx_sums} rounded once")
+    return (
+        f"dx deterministic: {how}, sorted, gathered by programs of {plan.gather_tile}{tuned}, sums in "
+        f"{plan.dx_sums} rounded once"
+    )
 
 
 def _power_of_two_above(value: int) -> int:
@@ -199,8 +222,12 @@ def patch_tile(call: GpuCall, elements: int, num_warps: int | None = None) -> Ti
 def _patch_candidates(call: GpuCall, elements: int) -> tuple:
     """The default patch (first) and those the tuner may try: half and twice the points, twice the warps."""
     default = patch_tile(call, elements)
-    shapes = [default, patch_tile(call, elements // 2), patch_tile(call, elements * 2),
-              patch_tile(call, elements, num_warps=min(8, 2 * default.num_warps))]
+    shapes = [
+        default,
+        patch_tile(call, elements // 2),
+        patch_tile(call, elements * 2),
+        patch_tile(call, elements, num_warps=min(8, 2 * default.num_warps)),
+    ]
     return tuple(shape for index, shape in enumerate(shapes) if shape not in shapes[:index])
 
 
@@ -215,8 +242,7 @@ def flat_tile(call: GpuCall, elements: int = 1024) -> Tile:
 def _sums(call: GpuCall, exact_half: bool = False) -> str:
     """The precision of sums for the call's dtype: float64 for float64, and for half types where ``exact_half``
     (a sum rounded to half precision once: docs/semantics.md, "Dtypes"); else float32."""
-    return "float64" if call.dtype == "float64" or (exact_half and call.dtype in ("float16", "bfloat16")) else \
-        "float32"
+    return "float64" if call.dtype == "float64" or (exact_half and call.dtype in ("float16", "bfloat16")) else "float32"
 
 
 def make_plan(call: GpuCall) -> GpuPlan:
@@ -228,8 +254,13 @@ def make_plan(call: GpuCall) -> GpuPlan:
 
 def _forward_plan(call: GpuCall) -> GpuPlan:
     interpolation = call.sampling.interpolation
-    common = dict(stage=call.stage, interpolation=interpolation, sums=_sums(call), capability=call.capability,
-                  interpreted=call.interpreted)
+    common = dict(
+        stage=call.stage,
+        interpolation=interpolation,
+        sums=_sums(call),
+        capability=call.capability,
+        interpreted=call.interpreted,
+    )
     if interpolation == Interpolation.BICUBIC:
         # 128 points, or 16 x 16 (point, channel): no spills
         return GpuPlan(tile=flat_tile(call, 128), **common)
@@ -247,9 +278,17 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
     dx = DxMethod.NONE
     if call.outputs.dx:
         dx = DxMethod.ATOMIC if not call.deterministic else (DxMethod.SORTED_TAPS if bicubic else DxMethod.GATHERED)
-    common = dict(stage=call.stage, interpolation=interpolation, dx=dx, field_pass=field_pass, sums=_sums(call),
-                  dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC), capability=call.capability,
-                  interpreted=call.interpreted, walk=dx == DxMethod.ATOMIC or field_pass == FieldPass.WALK)
+    common = dict(
+        stage=call.stage,
+        interpolation=interpolation,
+        dx=dx,
+        field_pass=field_pass,
+        sums=_sums(call),
+        dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC),
+        capability=call.capability,
+        interpreted=call.interpreted,
+        walk=dx == DxMethod.ATOMIC or field_pass == FieldPass.WALK,
+    )
     gather = _gather(call, dx)
     if bicubic:
         tile = flat_tile(call, 128)
@@ -263,8 +302,12 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
     # Tuned in the fast mode only, and there only where no reduction runs across the lanes
     # of a channel vector (whose order a shape could change): the grid gradient stays the
     # same in both modes and from run to run.
-    tuned = (call.autotune and dx == DxMethod.ATOMIC and len(candidates) > 1
-             and (field_pass != FieldPass.WALK or candidates[0].block_c == 1))
+    tuned = (
+        call.autotune
+        and dx == DxMethod.ATOMIC
+        and len(candidates) > 1
+        and (field_pass != FieldPass.WALK or candidates[0].block_c == 1)
+    )
     return GpuPlan(tile=candidates[0], candidates=candidates, tuned=tuned, **gather, **common)
 
 
@@ -276,8 +319,16 @@ def _gather(call: GpuCall, dx: DxMethod) -> dict:
     if dx != DxMethod.GATHERED:
         return {}
     tile = flat_tile(call, 128 if channel_block(call) == 1 else 1024)  # 128 voxels NCDHW: no spills
-    shapes = [tile, dataclasses.replace(tile, block_w=max(16, tile.block_w // 2)),
-              dataclasses.replace(tile, block_w=2 * tile.block_w), dataclasses.replace(tile, num_warps=8)]
+    shapes = [
+        tile,
+        dataclasses.replace(tile, block_w=max(16, tile.block_w // 2)),
+        dataclasses.replace(tile, block_w=2 * tile.block_w),
+        dataclasses.replace(tile, num_warps=8),
+    ]
     candidates = tuple(dict.fromkeys(shapes))
-    return {"gather_tile": tile, "gather_candidates": candidates, "gather_tuned": call.autotune and len(candidates) > 1,
-            "chunk": BUCKET_CHUNK}
+    return {
+        "gather_tile": tile,
+        "gather_candidates": candidates,
+        "gather_tuned": call.autotune and len(candidates) > 1,
+        "chunk": BUCKET_CHUNK,
+    }

@@ -21,6 +21,7 @@ sum twice; ``tests/gpu_compile.py`` reports any helper instantiated for two clas
 Nothing here imports Triton until :func:`constexpr_members` is called: the planner and the launch
 code build these records.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -30,6 +31,7 @@ __all__ = ["Operand", "PointStrides", "Rule", "Sizes", "SortedRecords", "Tile", 
 
 class VolumeStrides(NamedTuple):
     """Element strides of an (N, C, D, H, W) tensor (x, y, grad, dx), in that logical order."""
+
     n: int
     c: int
     d: int
@@ -41,6 +43,7 @@ class PointStrides(NamedTuple):
     """Element strides of a field in point order: a grid (N, Do, Ho, Wo, 3), or a displacement (N, 3, Do, Ho, Wo)
     whose strides are handed over in the same order (:meth:`.sampling.Field.point_strides`); ``k`` steps from one
     component to the next."""
+
     n: int
     d: int
     h: int
@@ -51,12 +54,14 @@ class PointStrides(NamedTuple):
 class Operand(NamedTuple):
     """A tensor as a kernel reads or writes it: ``data`` (a torch tensor at launch, a pointer to its first element
     inside the kernel) and its ``strides`` (:class:`VolumeStrides` or :class:`PointStrides`)."""
+
     data: Any
     strides: Any
 
 
 class Sizes(NamedTuple):
     """The sizes of one call: channels C, the input's (D, H, W) and the output's (Do, Ho, Wo)."""
+
     channels: int
     depth: int
     height: int
@@ -70,6 +75,7 @@ class SortedRecords(NamedTuple):
     """The deterministic dx's sorted points (``backward.sorted_records_kernel``): for sorted point j,
     ``grad_offsets[j]`` (int64) is where its grad starts, and for trilinear ``indices[j]``, ``indices[entries + j]``
     and ``indices[2 * entries + j]`` (float64) are its source indices ix, iy, iz; ``entries`` points in all."""
+
     indices: Any
     grad_offsets: Any
     entries: int
@@ -79,6 +85,7 @@ class Rule(NamedTuple):
     """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them, a constexpr:
     the codes of the interpolation, the padding and the field kind (:class:`~gridsampler3d.sampling.FieldKind`),
     and ``align_corners``."""
+
     interpolation: int
     padding: int
     align_corners: bool
@@ -88,6 +95,7 @@ class Rule(NamedTuple):
 class Tile(NamedTuple):
     """A launch's block sizes, a constexpr: ``block_d`` x ``block_h`` x ``block_w`` output points (the patch kernels;
     the flat kernels use ``block_w`` alone, as points, voxels or chunks) times ``block_c`` channels a program."""
+
     block_w: int
     block_c: int = 1
     block_h: int = 1
