@@ -352,7 +352,8 @@ def _field_gradient(dpositions, kind: FieldKind):
 
 
 def sample(x, field, kind: FieldKind, sampling: Sampling):
-    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (its ``kind``'s layout, see :mod:`.sampling`) → (N, C, Do, Ho, Wo)."""
+    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (its ``kind``'s layout, see :mod:`.sampling`)
+    → (N, C, Do, Ho, Wo)."""
     positions = _positions(field, kind)
     batch, channels = x.shape[:2]
     sizes = x.shape[2:]
