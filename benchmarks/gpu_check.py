@@ -133,9 +133,8 @@ def phase_machine(run: Run) -> None:
         except (ImportError, RuntimeError, AttributeError):
             pass
     run.report["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
-    log(
-        f"gpu_check on {machine.get('gpu')}, torch {torch.__version__}, copy {run.report['copy_bandwidth_gbs']:.0f} GB/s"
-    )
+    bandwidth = run.report["copy_bandwidth_gbs"]
+    log(f"gpu_check on {machine.get('gpu')}, torch {torch.__version__}, copy {bandwidth:.0f} GB/s")
     run.save("machine")
 
 
@@ -236,21 +235,21 @@ def bench_case(case: BenchCase, scale: float, bandwidth: float) -> dict:
     )
     if case.baseline == "bilinear":  # PyTorch has no 3-D bicubic: against our bilinear
         theirs = dict(ours, interpolation_mode="bilinear")
-        torch_forward = lambda: gs.grid_sampler3d(x, grid, **theirs)  # noqa: E731
-        torch_backward = lambda mask: gs.grid_sampler3d_backward(
-            grad,
-            x,
-            grid,
-            output_mask=mask,  # noqa: E731
-            deterministic=False,
-            **theirs,
-        )
+
+        def torch_forward():
+            return gs.grid_sampler3d(x, grid, **theirs)
+
+        def torch_backward(mask):
+            return gs.grid_sampler3d_backward(grad, x, grid, output_mask=mask, deterministic=False, **theirs)
     else:
         codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
-        torch_forward = lambda: torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes)  # noqa: E731
-        torch_backward = lambda mask: torch.ops.aten.grid_sampler_3d_backward(  # noqa: E731
-            grad_ncdhw, x_ncdhw, grid, *codes, list(mask)
-        )
+
+        def torch_forward():
+            return torch.ops.aten.grid_sampler_3d(x_ncdhw, grid, *codes)
+
+        def torch_backward(mask):
+            return torch.ops.aten.grid_sampler_3d_backward(grad_ncdhw, x_ncdhw, grid, *codes, list(mask))
+
     return time_case(
         case,
         lambda: gs.grid_sampler3d(x, grid, **ours),

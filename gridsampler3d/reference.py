@@ -391,7 +391,8 @@ def _field_gradients(dpositions, field, kind: FieldKind, in_sizes, align_corners
 
 
 def sample(x, field, kind: FieldKind, sampling: Sampling):
-    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (of ``kind``, see :func:`positions`) → (N, C, Do, Ho, Wo)."""
+    """``x`` (N, C, Di, Hi, Wi) sampled at ``field`` (of ``kind``, see :func:`positions`)
+    → (N, C, Do, Ho, Wo)."""
     sizes = x.shape[2:]
     points = positions(field, kind, sizes, sampling.align_corners)
     batch, channels = x.shape[:2]

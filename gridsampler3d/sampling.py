@@ -64,11 +64,12 @@ class FieldKind(enum.IntEnum):
         return self in (FieldKind.DISPLACEMENT, FieldKind.AFFINE_DISPLACEMENT)
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
+class Sampling(NamedTuple):
     """How a value is read at a position: interpolation, padding and ``align_corners``.
 
-    Frozen and hashable: the engines key their plans and compiled kernels on it.
+    Immutable and hashable: the engines key their plans and compiled kernels on it. A named
+    tuple rather than a dataclass, for its hash and equality in C: every call looks up a
+    plan and two kernels by it.
     """
 
     interpolation: Interpolation = Interpolation.BILINEAR

@@ -7,13 +7,21 @@ way that is correct but slower or less precise, and warns once naming the releas
 :func:`remove_library`, raises a clear error when it is asked for). Nothing here changes
 anything in torch.
 
-| hook | private API | for | where it is missing |
-| --- | --- | --- | --- |
-| :func:`functorch_wrapped` | ``torch._C._functorch.is_functorch_wrapped_tensor`` | vmap / grad tensors take the custom ops | every call takes the custom ops |
-| :func:`dispatch_mode_active` | ``torch.utils._python_dispatch._get_current_dispatch_mode`` | tensors under a dispatch mode take the custom ops | every call takes the custom ops |
-| :func:`remove_library` | ``torch.library.Library._destroy`` | ``unpatch_torch`` removes the override | ``unpatch_torch`` raises, naming the remedy |
-| :func:`onnx_export_in_progress` | the exporters' flags (``torch.onnx._internal``) | an ONNX export's strict capture traces the composites | ``torch.onnx.is_in_onnx_export()`` |
-| :func:`requested_opset` | the TorchScript exporter's globals; the dynamo exporter's entry point's frame | refuse opsets below 20 while the export traces | no opset known: nothing refused at trace time |
+Each hook, the private API it reads, what for, and what happens where it is missing:
+
+- :func:`functorch_wrapped`: ``torch._C._functorch.is_functorch_wrapped_tensor``, so that
+  vmap / grad tensors take the custom ops; where missing, every call takes the custom ops.
+- :func:`dispatch_mode_active`: ``torch.utils._python_dispatch._get_current_dispatch_mode``,
+  so that tensors under a dispatch mode take the custom ops; where missing, every call
+  takes the custom ops.
+- :func:`remove_library`: ``torch.library.Library._destroy``, so that ``unpatch_torch``
+  removes the override; where missing, ``unpatch_torch`` raises, naming the remedy.
+- :func:`onnx_export_in_progress`: the exporters' flags (``torch.onnx._internal``), so that
+  an ONNX export's strict capture traces the composites; where missing,
+  ``torch.onnx.is_in_onnx_export()``.
+- :func:`requested_opset`: the TorchScript exporter's globals and the dynamo exporter's
+  entry point's frame, to refuse opsets below 20 while the export traces; where missing,
+  no opset is known and nothing is refused at trace time.
 
 The dynamo exporter traces the model with ``torch.export`` first and converts the finished
 model to the opset asked for afterwards; while the model is traced, the opset lives only in

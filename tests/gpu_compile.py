@@ -480,6 +480,11 @@ def ones(signature: dict) -> list[str]:
     ]
 
 
+def _printed(member) -> str:
+    """A constexpr record's member as the report prints it: an enum's name, a ``tl.constexpr``'s value."""
+    return str(getattr(member, "name", getattr(member, "value", member)))
+
+
 def describe(kernel, kwargs: dict) -> str:
     """The kernel's constexpr arguments, a record's fields each as ``NAME.field=value``."""
     words = []
@@ -487,10 +492,7 @@ def describe(kernel, kwargs: dict) -> str:
         if param.is_constexpr and param.name in kwargs:
             value = kwargs[param.name]
             fields = value._asdict().items() if hasattr(value, "_asdict") else [(None, value)]
-            words += [
-                f"{param.name}{'.' + field if field else ''}={getattr(member, 'name', getattr(member, 'value', member))}"
-                for field, member in fields
-            ]
+            words += [f"{param.name}{'.' + field if field else ''}={_printed(member)}" for field, member in fields]
     return " ".join(words)
 
 

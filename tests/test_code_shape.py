@@ -11,30 +11,31 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
 ENGINES = (PACKAGE / "cpu", PACKAGE / "gpu")
-MAX_LINES = 60  # lines of code: no docstring, comment or blank line
+# Statements, not lines: the formatter (ruff) lays a call that does not fit in 120 columns
+# out one argument per line, so a function's line count measures its calls' lengths as much
+# as its size. Each statement counts once, a compound one (if, for) and those in its body
+# each count, a nested function's count toward it too; the docstring does not count. Before
+# the formatter every function here was within 60 lines of code, and within 52 statements.
+MAX_STATEMENTS = 55
 MAX_PARAMETERS = 12
 
 
 def _functions():
     for path in sorted(path for engine in ENGINES for path in engine.glob("*.py")):
-        lines = path.read_text().splitlines()
-        for node in ast.walk(ast.parse("\n".join(lines))):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield f"{path.parent.name}/{path.name}", node, lines
+                yield f"{path.parent.name}/{path.name}", node
 
 
-def _code_lines(node, lines) -> int:
-    body = node.body
+def _statements(node) -> int:
+    first = node.body[0]
     docstring = (
-        isinstance(body[0], ast.Expr)
-        and isinstance(getattr(body[0], "value", None), ast.Constant)
-        and isinstance(body[0].value.value, str)
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
     )
-    skipped = set(range(body[0].lineno, body[0].end_lineno + 1)) if docstring else set()
     return sum(
         1
-        for number in range(body[0].lineno, node.end_lineno + 1)
-        if number not in skipped and lines[number - 1].strip() and not lines[number - 1].strip().startswith("#")
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.stmt) and sub is not node and not (docstring and sub is first)
     )
 
 
@@ -46,11 +47,9 @@ def _parameters(node) -> int:
 
 
 @pytest.mark.parametrize(
-    "limit, measure", [(MAX_LINES, _code_lines), (MAX_PARAMETERS, None)], ids=["lines", "parameters"]
+    "limit, measure", [(MAX_STATEMENTS, _statements), (MAX_PARAMETERS, None)], ids=["statements", "parameters"]
 )
 def test_no_function_is_too_long_or_takes_too_many_parameters(limit, measure):
-    offenders = [
-        (name, node.name, measure(node, lines) if measure else _parameters(node)) for name, node, lines in _functions()
-    ]
+    offenders = [(name, node.name, (measure or _parameters)(node)) for name, node in _functions()]
     offenders = [offender for offender in offenders if offender[2] > limit]
     assert not offenders, offenders

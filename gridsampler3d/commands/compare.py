@@ -147,10 +147,13 @@ def add_command(commands) -> None:
     compare = commands.add_parser(
         "compare",
         help="judge another implementation's dx and dgrid by the precision rule: exit 0 pass, 1 fail, 2 unusable input",
-        description="Judge dx and dgrid against the float64 golden: MARE, MERE and RMSE at most 2, 1.2 and "
-        "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
-        "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes from --case, or from --grad, --input and --grid (.npy) with "
-        "the attribute flags. Exit 0: every output given passes; 1: one fails; 2: unusable input.",
+        description=(
+            "Judge dx and dgrid against the float64 golden: MARE, MERE and RMSE at most 2, 1.2 and "
+            "1.2 times the competitor's (PyTorch CPU in the same dtype; for bicubic, this library's torch "
+            "composite) or the dtype's floor, and non-finite values where the golden's are. The case comes "
+            "from --case, or from --grad, --input and --grid (.npy) with the attribute flags. "
+            "Exit 0: every output given passes; 1: one fails; 2: unusable input."
+        ),
     )
     compare.add_argument(
         "--case", metavar="DIR", help="a case folder written by `gridsampler3d cases` (inputs, attributes, dtype)"

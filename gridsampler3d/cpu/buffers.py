@@ -47,7 +47,8 @@ _returned: collections.deque[np.ndarray] = collections.deque()
 
 
 class _Lease:
-    """One tensor's claim on a block: NumPy's view of the block keeps it as its base, and freeing it returns the block."""
+    """One tensor's claim on a block: NumPy's view of the block keeps it as its base, and freeing it returns
+    the block."""
 
     __slots__ = ("block", "__array_interface__")
 

@@ -128,7 +128,8 @@ class _Scratch(NamedTuple):
 
 
 def _scratch(parts: int, x, grid, matrix, y, geometry, *rest):
-    """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no multipliers."""
+    """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no
+    multipliers."""
     return (
         _Scratch(
             scratch_cells(parts, multipliers=False),

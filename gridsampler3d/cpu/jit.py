@@ -124,7 +124,8 @@ def gathers_in_use() -> bool:
 @functools.cache
 def _engine_sources() -> str:
     """A digest of the CPU engine's source files (the helpers that every kernel inlines live in them) and of
-    the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding, the field kinds)."""
+    the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding, the field
+    kinds)."""
     digest = hashlib.sha256()
     engine = pathlib.Path(__file__).parent
     shared = [engine.parent / name for name in ("modes.py", "reference.py", "rounding.py", "sampling.py")]

@@ -64,7 +64,8 @@ class Geometry(NamedTuple):
 
 
 class CoordinateRule(NamedTuple):
-    """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them (:func:`coordinate_rule`).
+    """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them
+    (:func:`coordinate_rule`).
 
     ``interpolation``, ``padding`` and ``field`` are the codes of the records' enums;
     ``forward`` marks the forward's rule (which differs from the backward's for NaN with

@@ -79,8 +79,9 @@ def source_index(coord, size, origin, RULE: tl.constexpr, FORWARD: tl.constexpr)
 
     For a field other than a grid (``RULE.field``, the fused warp's displacement) ``coord`` is
     a displacement in voxels from the point's own position ``origin`` (int64): the index is
-    ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward treatment of a NaN under border/reflection
-    padding (clipped to ``size - 1``); the backward lets it fall out of range.
+    ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward
+    treatment of a NaN under border/reflection padding (clipped to ``size - 1``); the backward
+    lets it fall out of range.
     """
     coord = coord.to(tl.float64)
     extent = tl.cast(size, tl.float64)  # size may arrive as a constexpr (Triton specialises ints equal to 1)
