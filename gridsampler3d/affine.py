@@ -36,7 +36,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["explicit_grid", "matrix_gradient", "theta_from_voxel_matrix", "theta_gradient", "voxel_matrix"]
+__all__ = [
+    "explicit_grid",
+    "explicit_grid_steps",
+    "matrix_gradient",
+    "theta_from_voxel_matrix",
+    "theta_gradient",
+    "voxel_matrix",
+]
 
 
 def _stack(values, axis: int):
@@ -169,13 +176,18 @@ def explicit_grid(theta: torch.Tensor, out_sizes, align_corners: bool, in_sizes=
     grid = torch.nn.functional.affine_grid(theta, (batch, 1, *out_sizes), align_corners=align_corners)
     if displacement is None:
         return grid
+    return grid + explicit_grid_steps(displacement, in_sizes, align_corners)
+
+
+def explicit_grid_steps(displacement: torch.Tensor, in_sizes, align_corners: bool) -> torch.Tensor:
+    """A displacement (N, 3, Do, Ho, Wo), (dz, dy, dx) in voxels of an input of ``in_sizes`` (D, H, W), as grid
+    steps (N, Do, Ho, Wo, 3), (x, y, z) in normalised units; differentiable."""
     slopes = [_slope(size, align_corners) for size in reversed(in_sizes)]  # x, y, z
     # A one-voxel axis with align_corners takes index 0 from any normalised coordinate: no step moves it.
-    steps = torch.stack(
+    return torch.stack(
         [
             displacement[:, 2 - axis] / slopes[axis] if slopes[axis] else displacement[:, 2 - axis] * 0
             for axis in range(3)
         ],
         dim=-1,
     )
-    return grid + steps

@@ -1,4 +1,5 @@
-"""ONNX export: what ``grid_sample``, ``warp``, ``Warp3d`` and ``integrate_velocity`` become in a graph.
+"""ONNX export: what ``grid_sample``, ``warp``, ``Warp3d``, ``integrate_velocity``, ``affine_warp`` and
+``AffineWarp3d`` become in a graph.
 
 ``torch.onnx.export(model, args, path, opset_version=20)`` works unchanged for a model built
 on this library, with the default (dynamo) exporter and with ``dynamo=False``. No ONNX
@@ -9,6 +10,7 @@ GridSample (opset 20, the first whose GridSample takes 5-D input):
 
     grid_sample(input, grid)      ->  GridSample(input, grid)
     warp(volume, displacement)    ->  GridSample(volume, normalised(identity + displacement))
+    affine_warp(volume, theta)    ->  GridSample(volume, AffineGrid(theta, size) [+ normalised displacement])
 
 The identity grid is built from the traced sizes, so a model exported with dynamic batch
 and spatial sizes runs on other sizes. What ONNX cannot express is refused while the
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import torch_hooks
-from .affine import explicit_grid
+from .affine import explicit_grid_steps
 from .modes import Interpolation, Padding
 from .sampling import Field, Sampling
 
@@ -112,10 +114,40 @@ def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
 
 def affine_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
     """volume (N, C, D, H, W) at an affine field (theta, and a displacement (N, 3, Do, Ho, Wo) or none) ->
-    (N, C, Do, Ho, Wo), as AffineGrid then GridSample (:func:`.affine.explicit_grid`: the displacement, in input
-    voxels, added in normalised units)."""
+    (N, C, Do, Ho, Wo), as AffineGrid then GridSample, the displacement (in input voxels) added to the grid in
+    normalised units between them (:func:`.affine.explicit_grid`)."""
     _refuse_what_onnx_cannot_express(sampling.interpolation, "affine_warp")
-    grid = explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(volume.shape[2:]), field.tensor)
+    grid = _affine_grid(volume, field, sampling.align_corners)
+    if field.tensor is not None:
+        grid = grid + explicit_grid_steps(field.tensor, tuple(volume.shape[2:]), sampling.align_corners)
     return F.grid_sample(
         volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), sampling.align_corners
+    )
+
+
+def _affine_grid(volume: Tensor, field: Field, align_corners: bool) -> Tensor:
+    """F.affine_grid's grid (N, Do, Ho, Wo, 3) of the field's theta, as one ONNX AffineGrid.
+
+    The TorchScript exporter translates ``F.affine_grid`` to AffineGrid; the dynamo exporter
+    would write its decomposition instead (a base grid, a constant for static sizes, times
+    theta), so there the node is written as it is (``torch.onnx.ops.symbolic``), its size
+    input (N, 1, Do, Ho, Wo) read from the traced shapes where they are dynamic: the
+    displacement's, or, for the default output size, the volume's.
+    """
+    theta, out_sizes = field.theta, field.out_sizes
+    if not _torch_exporting or torch.jit.is_tracing() or not _torch_exporting():
+        return F.affine_grid(theta, (theta.shape[0], 1, *out_sizes), align_corners=align_corners)
+    shaped = volume if field.tensor is None else field.tensor
+    shape = torch.onnx.ops.symbolic("Shape", (shaped,), {}, dtype=torch.int64, shape=(5,), version=MIN_OPSET)
+    if all(isinstance(size, int) for size in out_sizes):
+        size = shape * torch.tensor([1, 0, 0, 0, 0]) + torch.tensor([0, 1, *out_sizes])
+    else:
+        size = shape * torch.tensor([1, 0, 1, 1, 1]) + torch.tensor([0, 1, 0, 0, 0])
+    return torch.onnx.ops.symbolic(
+        "AffineGrid",
+        (theta, size),
+        {"align_corners": int(align_corners)},
+        dtype=theta.dtype,
+        shape=(theta.shape[0], *out_sizes, 3),
+        version=MIN_OPSET,
     )

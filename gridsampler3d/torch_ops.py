@@ -177,7 +177,7 @@ def _eager_function(forward_name: str, kind: FieldKind, backward_op):
             if torch.is_grad_enabled():
                 dx, dfield = backward_op(grad_output, input, field, *ctx.attributes, list(output_mask))
             else:
-                dx, dfield = api.sample_backward(
+                dx, dfield, _ = api.sample_backward(
                     grad_output, input, Field(kind, field), Sampling.parse(*ctx.attributes), Outputs(*output_mask)
                 )
             return (dx if output_mask[0] else None), (dfield if output_mask[1] else None), None, None, None

@@ -178,9 +178,10 @@ def check_warp_backward(grad, volume, displacement, data_format: DataFormat, dis
 
 
 def check_size(size, default) -> tuple[int, int, int]:
-    """The output size (Do, Ho, Wo): ``size`` as three positive ints, or ``default`` where None."""
+    """The output size (Do, Ho, Wo): ``size`` as three positive ints, or ``default`` where None (a shape's sizes as
+    they are: symbolic while torch.export traces dynamic sizes)."""
     if size is None:
-        return tuple(int(value) for value in default)
+        return tuple(default)
     try:
         values = tuple(size)
     except TypeError:

@@ -61,7 +61,7 @@ from gridsampler3d.gpu.launch import (
     volume_operand,
 )
 from gridsampler3d.gpu.planner import Tile  # noqa: E402
-from gridsampler3d.gpu.records import SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
+from gridsampler3d.gpu.records import RowMoments, SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
 from gridsampler3d.layout import memory_format_of  # noqa: E402
 from gridsampler3d.modes import Interpolation, Padding  # noqa: E402
 from gridsampler3d.sampling import Field, Outputs, Sampling  # noqa: E402
@@ -111,14 +111,19 @@ class Call(NamedTuple):
 
 def make_call(layout: str | None) -> Call:
     """A 128^3 volume with 16 channels sampled at a 128^3 grid, x in ``layout`` ("NCDHW" or "NDHWC"; with
-    " warp N3DHW" or " warp NDHW3": the fused warp, at a displacement in that layout); or, ``layout`` None, one with
-    sizes of 1 (one channel, one voxel deep, a one-point-wide output)."""
+    " warp N3DHW" or " warp NDHW3": the fused warp, at a displacement in that layout; with " affine": an affine field,
+    " affine N3DHW" with a displacement); or, ``layout`` None, one with sizes of 1 (one channel, one voxel deep, a
+    one-point-wide output)."""
     if layout is None:
         x = torch.empty(2, 1, 1, 5, 7, device="meta")
         return Call(x, Field.grid(torch.empty(2, 3, 6, 1, 3, device="meta")))
     batch, channels, side = 1, 16, 128
     memory_format = torch.channels_last_3d if layout.startswith("NDHWC") else torch.contiguous_format
     x = torch.empty(batch, channels, side, side, side, device="meta", memory_format=memory_format)
+    if " affine" in layout:
+        theta = torch.empty(batch, 3, 4, device="meta")
+        displacement = torch.empty(batch, 3, side, side, side, device="meta") if layout.endswith("N3DHW") else None
+        return Call(x, Field.affine(theta, (side, side, side), displacement))
     if layout.endswith("N3DHW"):
         return Call(x, Field.displacement(torch.empty(batch, 3, side, side, side, device="meta")))
     if layout.endswith("NDHW3"):
@@ -138,8 +143,12 @@ def volume(tensor, dtype: str):
 
 
 def points(field: Field, dtype: str, tensor=None):
-    """``launch.field_operand`` of a meta field (or of ``tensor``, its gradient), with a pointer of ``dtype``."""
-    return field_operand(field, tensor)._replace(data=pointer(dtype))
+    """``launch.field_operand`` of a meta field (or of ``tensor``, its gradient), with a pointer of ``dtype`` (of
+    float64 for an affine field's matrix, and its data where the field has no tensor)."""
+    if not field.kind.affine:
+        return field_operand(field, None, tensor)._replace(data=pointer(dtype), matrix=pointer(dtype))
+    data = pointer("fp64") if field.tensor is None else pointer(dtype)
+    return field_operand(field, torch.empty(1, 12, device="meta"), tensor)._replace(data=data, matrix=pointer("fp64"))
 
 
 def case(label, kernel, args, constexprs, tile: Tile, fused: str | None = None):
@@ -165,10 +174,21 @@ def walk_args(call: Call, dtype, outputs: Outputs, dx_dtype):
     return volume(call.y(), dtype), volume(call.x, dtype), points(call.field, dtype), dx, dfield
 
 
+def moments(call: Call, outputs: Outputs, dtype: str, tile: Tile) -> RowMoments:
+    """The walk's :class:`RowMoments`: float64 partials of an affine field's theta gradient, else x as a stand-in."""
+    if not outputs.dtheta:
+        return RowMoments(pointer(dtype), 1)
+    return RowMoments(pointer("fp64"), -(-call.field.out_sizes[2] // tile.block_w))
+
+
 def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs: Outputs, dx_dtype="fp32"):
     """The trilinear / nearest backward walk; the fast mode's dx adds into a buffer of the sums' dtype."""
     call = make_call(layout)
-    args = (*walk_args(call, dtype, outputs, dx_dtype), sizes_of(call.x, call.field))
+    args = (
+        *walk_args(call, dtype, outputs, dx_dtype),
+        moments(call, outputs, dtype, tile),
+        sizes_of(call.x, call.field),
+    )
     constexprs = dict(
         RULE=kernel_rule(sampling, call.field.kind),
         ACC=F64 if dtype == "fp64" else F32,
@@ -256,11 +276,17 @@ def tricubic_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
     )
 
 
-def tricubic_backward(label, layout, dtype, sampling: Sampling, tile: Tile, acc):
-    """The tricubic walk, dx by atomics and dgrid."""
+def tricubic_backward(
+    label, layout, dtype, sampling: Sampling, tile: Tile, acc, outputs: Outputs = Outputs(True, True)
+):
+    """The tricubic walk, dx by atomics and dgrid (and an affine field's moments where ``outputs`` says)."""
     call = make_call(layout)
-    outputs = Outputs(True, True)
-    args = (*walk_args(call, dtype, outputs, dtype), points_of(call.x, call.field), sizes_of(call.x, call.field))
+    args = (
+        *walk_args(call, dtype, outputs, dtype),
+        moments(call, outputs, dtype, tile),
+        points_of(call.x, call.field),
+        sizes_of(call.x, call.field),
+    )
     constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=acc, OUTPUTS=constexpr_members(outputs))
     return case(label, bicubic.bicubic_bwd_kernel, args, constexprs, tile, dtype)
 
@@ -365,6 +391,37 @@ def _warp_kernels():
     ]
 
 
+def _affine_kernels():
+    """The affine field's configurations: alone and with a displacement, every kernel that reads positions once."""
+    alone, displaced = "NCDHW affine", "NDHWC affine N3DHW"
+    trilinear = Sampling(BILINEAR, BORDER, False)
+    return [
+        patch_forward("affine forward bilinear fp32", alone, "fp32", trilinear, Tile(128)),
+        patch_backward("affine backward dtheta fp32", alone, "fp32", trilinear, Tile(128), Outputs(True, False, True)),
+        patch_backward(
+            "affine+displacement backward fp32 NDHWC",
+            displaced,
+            "fp32",
+            Sampling(BILINEAR, REFLECTION, True),
+            Tile(16, 16),
+            Outputs(True, True, True),
+        ),
+        bucket_keys("affine bucket keys", alone, "fp32", trilinear),
+        sorted_records("affine sorted records", alone, "fp32", trilinear),
+        tricubic_forward("affine bicubic forward fp32", alone, "fp32", Sampling(BICUBIC, ZEROS, False), Tile(128)),
+        tricubic_backward(
+            "affine bicubic backward dtheta fp64",
+            alone,
+            "fp64",
+            Sampling(BICUBIC, ZEROS, False),
+            Tile(128),
+            F64,
+            Outputs(True, False, True),
+        ),
+        tricubic_keys("affine+displacement bicubic tap keys", displaced, "fp32", Sampling(BICUBIC, BORDER, False)),
+    ]
+
+
 CASES = [
     *_row_kernels(),
     patch_forward(
@@ -402,6 +459,7 @@ CASES = [
     tricubic_keys("bicubic tap keys, reflection", "NCDHW", "fp32", Sampling(BICUBIC, REFLECTION, False)),
     tricubic_gather("bicubic dx gather fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, ZEROS, False), Tile(64, 16)),
     *_warp_kernels(),
+    *_affine_kernels(),
 ]
 
 

@@ -16,7 +16,8 @@ from gridsampler3d.gpu.planner import (
     Stage,
     make_plan,
 )
-from gridsampler3d.sampling import Outputs, Sampling
+from gridsampler3d.modes import Interpolation
+from gridsampler3d.sampling import FieldKind, Outputs, Sampling
 
 LARGE = (128, 128, 128)
 
@@ -146,3 +147,30 @@ def test_explain_plans_a_cuda_call_from_shapes_alone():
     volume = torch.empty(1, 1, 24, 24, 24, device="meta")
     warp = gs.explain(volume, displacement, field_kind="displacement", device="cuda")
     assert warp.stage.value == "forward" and warp.tile.block_w == 32
+
+
+def test_theta_gradient_walks_one_row_a_program_untuned():
+    """theta's row moments are each program's sums over one output row: patches one row high, and a fixed shape
+    (the partial sums follow block_w), in both modes; nearest's theta gradient is zero without a pass."""
+    for deterministic in (False, True):
+        plan = make_plan(
+            backward(
+                field=FieldKind.AFFINE,
+                out_sizes=(16, 8, 4),
+                outputs=Outputs(True, False, True),
+                deterministic=deterministic,
+            )
+        )
+        assert (plan.theta_pass, plan.field_pass, plan.walk) == (FieldPass.WALK, FieldPass.NONE, True)
+        assert plan.tile.block_h == plan.tile.block_d == 1 and not plan.tuned
+        assert "theta gradient from the walk's row moments, summed in float64" in str(plan)
+    nearest = make_plan(
+        backward(
+            field=FieldKind.AFFINE_DISPLACEMENT,
+            sampling=Sampling(Interpolation.NEAREST),
+            outputs=Outputs(False, True, True),
+        )
+    )
+    assert (nearest.theta_pass, nearest.field_pass, nearest.walk) == (FieldPass.ZEROS, FieldPass.ZEROS, False)
+    # a theta gradient asked of a field without theta is not made
+    assert make_plan(backward(outputs=Outputs(True, True, True))).theta_pass == FieldPass.NONE

@@ -173,7 +173,7 @@ def test_ddisplacement_is_written_in_its_own_layout(channels_last):
         displacement = displacement.permute(0, 2, 3, 4, 1).contiguous().permute(0, 4, 1, 2, 3)
     grad, volume, displacement = _on(DEVICE, grad, volume, displacement)
     with poisoned_allocations() as shapes:
-        _, ddisplacement = BACKENDS["triton"].backward(
+        _, ddisplacement, _ = BACKENDS["triton"].backward(
             grad,
             volume,
             Field.displacement(displacement),

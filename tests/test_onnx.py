@@ -283,3 +283,43 @@ def test_outside_onnx_export_the_custom_ops_run():
     assert targets == {"gridsampler3d.grid_sampler3d.default"}
     traced = torch.jit.trace(model, (x, grid))
     assert "gridsampler3d::grid_sampler3d" in str(traced.graph)
+
+
+class AffineRegistration(torch.nn.Module):
+    """The fused affine field, alone (output size given) and with a displacement (output the volume's size)."""
+
+    def forward(self, volume, theta, displacement):
+        return (
+            gs.affine_warp(volume, theta, (3, 4, 5), mode="bilinear", padding_mode="border", align_corners=False),
+            gs.affine_warp(volume, theta, displacement=displacement, padding_mode="zeros", align_corners=True),
+        )
+
+
+def _affine_inputs(batch, size, seed):
+    generator = torch.Generator().manual_seed(seed)
+    volume = torch.randn(batch, 2, *size, generator=generator)
+    theta = torch.eye(3, 4).repeat(batch, 1, 1) + 0.2 * torch.randn(batch, 3, 4, generator=generator)
+    displacement = 1.5 * torch.randn(batch, 3, *size, generator=generator)
+    return volume, theta, displacement
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_affine_warp_exports_as_affine_grid_and_grid_sample_with_dynamic_sizes(dynamo, tmp_path):
+    volume, theta, displacement = _affine_inputs(2, (5, 6, 7), seed=9)
+    if dynamo:
+        batch, depth, height, width = (torch.export.Dim(name) for name in ("batch", "depth", "height", "width"))
+        spatial = {0: batch, 2: depth, 3: height, 4: width}
+        options = {"dynamic_shapes": (spatial, {0: batch}, spatial)}
+    else:
+        spatial = {0: "batch", 2: "depth", 3: "height", 4: "width"}
+        options = {"dynamic_axes": {"input0": spatial, "input1": {0: "batch"}, "input2": spatial}}
+    model = AffineRegistration()
+    exported = export(model, (volume, theta, displacement), tmp_path / "model.onnx", dynamo, **options)
+    assert_standard_graph(exported, grid_samples=2)
+    assert sum(node.op_type == "AffineGrid" for node in exported.graph.node) == 2
+    for batch_size, size in [(2, (5, 6, 7)), (1, (3, 8, 4)), (3, (4, 2, 6))]:
+        inputs = _affine_inputs(batch_size, size, seed=10)
+        for label, got, expected in zip(
+            ("affine", "affine+displacement"), run(tmp_path / "model.onnx", inputs), model(*inputs)
+        ):
+            assert_matches(f"{label} {size}", got, expected)

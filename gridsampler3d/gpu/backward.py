@@ -15,7 +15,10 @@ timing, so the result is bitwise the same on every run.
 
 For a displacement (``RULE.field``, the fused warp) every kernel reads a displacement in place of the
 grid, as the forward does, and the grid gradient is written through ``dgrid``'s strides,
-given in the same point order: d(displacement) lands in the displacement's own layout.
+given in the same point order: d(displacement) lands in the displacement's own layout. An
+affine field's positions come from its voxel matrix (``coords.field_coordinates``); the
+walk reduces their gradient to partial row moments (``coords.store_row_moments``), from
+which the engine sums theta's gradient in float64, in a fixed order.
 
 Each operand is a :class:`.records.Operand`, the sizes a :class:`.records.Sizes`, and the
 constexprs records too: ``RULE`` (:class:`.records.Rule`), ``OUTPUTS``
@@ -36,6 +39,7 @@ from .coords import (
     point_offset,
     point_position,
     store_point_gradient,
+    store_row_moments,
     tap_weight,
     tile_points,
     volume_offset,
@@ -45,10 +49,20 @@ from .coords import (
 
 @triton.jit
 def grid_sampler3d_bwd_kernel(
-    grad, x, grid, dx, dgrid, sizes, RULE: tl.constexpr, ACC: tl.constexpr, OUTPUTS: tl.constexpr, TILE: tl.constexpr
+    grad,
+    x,
+    grid,
+    dx,
+    dgrid,
+    moments,
+    sizes,
+    RULE: tl.constexpr,
+    ACC: tl.constexpr,
+    OUTPUTS: tl.constexpr,
+    TILE: tl.constexpr,
 ):
     """dx += grad pushed through the taps (atomics, ``OUTPUTS.dx``); dgrid (N, Do, Ho, Wo, 3) through its strides
-    (``OUTPUTS.dfield``).
+    (``OUTPUTS.dfield``); an affine field's row moments (``OUTPUTS.dtheta``, :class:`.records.RowMoments`).
 
     Launch grid: ``coords.tile_points``, as the forward. ``dx`` is zeroed by the
     caller and has the accumulation dtype ``ACC``; every program loops over all channels
@@ -59,8 +73,7 @@ def grid_sampler3d_bwd_kernel(
     depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
     out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
     n, d, h, w, point_mask = tile_points(out_depth, out_height, out_width, TILE)
-    grid_offset = point_offset(n, d, h, w, grid.strides)
-    ix, iy, iz, mx, my, mz = point_indices(grid, grid_offset, point_mask, depth, height, width, d, h, w, RULE, False)
+    ix, iy, iz, mx, my, mz = point_indices(grid, n, d, h, w, point_mask, depth, height, width, RULE, False)
     x_offsets, insides, _ = cell_taps(ix, iy, iz, depth, height, width, x.strides, RULE.interpolation, ACC)
     dx_offsets, _, _ = cell_taps(ix, iy, iz, depth, height, width, dx.strides, RULE.interpolation, ACC)
     weights_x, weights_y, weights_z = _axis_weights(ix, iy, iz, RULE.interpolation)
@@ -105,7 +118,7 @@ def grid_sampler3d_bwd_kernel(
                     mask=tap_mask,
                     sem="relaxed",
                 )
-            if OUTPUTS.dfield:
+            if OUTPUTS.dfield or OUTPUTS.dtheta:
                 value = tl.load(
                     x_item + x_offsets[tap][:, None] + (channel * x.strides.c)[None, :], mask=tap_mask, other=0.0
                 ).to(tl.float64)
@@ -127,6 +140,8 @@ def grid_sampler3d_bwd_kernel(
     if OUTPUTS.dfield:
         out = point_offset(n, d, h, w, dgrid.strides)
         store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
+    if OUTPUTS.dtheta:
+        store_row_moments(moments, n, d, h, w, point_mask, grad_x * mx, grad_y * my, grad_z * mz, out_depth, out_height)
 
 
 @triton.jit
@@ -153,8 +168,7 @@ def bucket_keys_kernel(grid, keys, points, sizes, RULE: tl.constexpr, TILE: tl.c
     point = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
     point_mask = point < points
     batch, d, h, w = point_position(point, out_depth, out_height, out_width)
-    grid_offset = point_offset(batch, d, h, w, grid.strides)
-    ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, point_mask, depth, height, width, d, h, w, RULE, False)
+    ix, iy, iz, _, _, _ = point_indices(grid, batch, d, h, w, point_mask, depth, height, width, RULE, False)
     x0, y0, z0 = (
         base_corner(ix, RULE.interpolation),
         base_corner(iy, RULE.interpolation),
@@ -189,8 +203,7 @@ def sorted_records_kernel(grid, order, sorted_points, sizes, grad_strides, RULE:
     grad_offset = volume_offset(n, d, h, w, grad_strides)
     tl.store(sorted_points.grad_offsets + entry, grad_offset, mask=entry_mask)
     if RULE.interpolation != NEAREST:
-        grid_offset = point_offset(n, d, h, w, grid.strides)
-        ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, entry_mask, depth, height, width, d, h, w, RULE, False)
+        ix, iy, iz, _, _, _ = point_indices(grid, n, d, h, w, entry_mask, depth, height, width, RULE, False)
         tl.store(sorted_points.indices + entry, ix, mask=entry_mask)
         tl.store(sorted_points.indices + entries + entry, iy, mask=entry_mask)
         tl.store(sorted_points.indices + 2 * entries + entry, iz, mask=entry_mask)

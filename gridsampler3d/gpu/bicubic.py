@@ -26,14 +26,17 @@ import triton
 import triton.language as tl
 
 from .coords import (
-    component_offsets,
+    AFFINE,
+    AFFINE_DISPLACEMENT,
     cubic_slope,
     cubic_weight,
     cubic_weight_at,
+    field_coordinates,
     pad_tap,
     point_offset,
     point_position,
     store_point_gradient,
+    store_row_moments,
     unnormalize,
     volume_offset,
     wide,
@@ -44,11 +47,10 @@ from .coords import (
 def _grid_point(grid, n, d, h, w, mask, depth, height, width, RULE: tl.constexpr):
     """Unnormalised (ix, iy, iz), their floors and the multipliers (mx, my, mz), float64, of the output
     points (n, d, h, w) of ``grid``."""
-    offset = point_offset(n, d, h, w, grid.strides)
-    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
-    ix, mx = unnormalize(tl.load(grid.data + at_x, mask=mask, other=0.0), width, w, RULE)
-    iy, my = unnormalize(tl.load(grid.data + at_y, mask=mask, other=0.0), height, h, RULE)
-    iz, mz = unnormalize(tl.load(grid.data + at_z, mask=mask, other=0.0), depth, d, RULE)
+    gx, gy, gz, ox, oy, oz = field_coordinates(grid, n, d, h, w, mask, RULE)
+    ix, mx = unnormalize(gx, width, ox, RULE)
+    iy, my = unnormalize(gy, height, oy, RULE)
+    iz, mz = unnormalize(gz, depth, oz, RULE)
     return ix, iy, iz, tl.floor(ix), tl.floor(iy), tl.floor(iz), mx, my, mz
 
 
@@ -96,6 +98,7 @@ def bicubic_bwd_kernel(
     grid,
     dx,
     dgrid,
+    moments,
     points,
     sizes,
     RULE: tl.constexpr,
@@ -103,16 +106,24 @@ def bicubic_bwd_kernel(
     OUTPUTS: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer, ``OUTPUTS.dx``) and/or dgrid (through
-    its strides, float64 sums, ``OUTPUTS.dfield``).
+    """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer, ``OUTPUTS.dx``), dgrid (through its
+    strides, float64 sums, ``OUTPUTS.dfield``) and an affine field's row moments (``OUTPUTS.dtheta``,
+    :class:`.records.RowMoments`).
 
-    ``TILE.block_w`` of the ``points`` a program, every channel ``TILE.block_c`` at a time.
+    ``TILE.block_w`` of the ``points`` a program, every channel ``TILE.block_c`` at a time;
+    for an affine field, ``TILE.block_w`` columns of one output row a program (launch grid
+    (N * Do * Ho, cdiv(Wo, block_w))), so that a program's moments are one row's.
     """
     channels = sizes.channels
     depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
     out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
-    point = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
-    point_mask = point < points
+    if RULE.field == AFFINE or RULE.field == AFFINE_DISPLACEMENT:
+        column = tl.program_id(1).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
+        point = tl.program_id(0).to(tl.int64) * out_width + column
+        point_mask = column < out_width
+    else:
+        point = tl.program_id(0).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
+        point_mask = point < points
     batch, d, h, w = point_position(point, out_depth, out_height, out_width)
     ix, iy, iz, x0, y0, z0, mx, my, mz = _grid_point(grid, batch, d, h, w, point_mask, depth, height, width, RULE)
     grad_offset = volume_offset(batch, d, h, w, grad.strides)
@@ -139,13 +150,17 @@ def bicubic_bwd_kernel(
             ACC,
             OUTPUTS,
         )
-        if OUTPUTS.dfield:
+        if OUTPUTS.dfield or OUTPUTS.dtheta:
             grad_x += tl.sum(tl.where(tile_mask, total_x * grad_wide, 0.0), axis=1)
             grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
             grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
     if OUTPUTS.dfield:
         out = point_offset(batch, d, h, w, dgrid.strides)
         store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
+    if OUTPUTS.dtheta:
+        store_row_moments(
+            moments, batch, d, h, w, point_mask, grad_x * mx, grad_y * my, grad_z * mz, out_depth, out_height
+        )
 
 
 @triton.jit
@@ -163,8 +178,8 @@ def _tap_sums(
     OUTPUTS: tl.constexpr,
 ):
     """One block of channels of :func:`bicubic_bwd_kernel` over the 64 taps: dx += grad * weight (atomics,
-    ``OUTPUTS.dx``), and with ``OUTPUTS.dfield`` the (block_w, block_c) float64 sums (total_x, total_y, total_z) that
-    dgrid takes times grad (else zeros).
+    ``OUTPUTS.dx``), and with ``OUTPUTS.dfield`` or ``OUTPUTS.dtheta`` the (block_w, block_c) float64 sums
+    (total_x, total_y, total_z) that dgrid takes times grad (else zeros).
 
     ``point`` is (ix, iy, iz, x0, y0, z0) of :func:`_grid_point`, ``volume_sizes`` the int64 (depth, height,
     width).
@@ -200,7 +215,7 @@ def _tap_sums(
                         mask=tap_mask,
                         sem="relaxed",
                     )
-                if OUTPUTS.dfield:
+                if OUTPUTS.dfield or OUTPUTS.dtheta:
                     offset = batch * x.strides.n + cz * x.strides.d + cy * x.strides.h + cx * x.strides.w
                     # An outside tap reads 0 but still takes part (PyTorch's 2-D bicubic).
                     value = tl.load(
@@ -208,11 +223,11 @@ def _tap_sums(
                     ).to(tl.float64)
                     row_w += value * wx[:, None]
                     row_s += value * cubic_slope(ix - x0, i)[:, None]
-            if OUTPUTS.dfield:
+            if OUTPUTS.dfield or OUTPUTS.dtheta:
                 plane_w += row_w * wy[:, None]
                 plane_sx += row_s * wy[:, None]
                 plane_sy += row_w * cubic_slope(iy - y0, j)[:, None]
-        if OUTPUTS.dfield:
+        if OUTPUTS.dfield or OUTPUTS.dtheta:
             total_x += plane_sx * wz[:, None]
             total_y += plane_sy * wz[:, None]
             total_z += plane_w * cubic_slope(iz - z0, k)[:, None]

@@ -38,6 +38,8 @@ ZEROS = tl.constexpr(Padding.ZEROS.value)
 BORDER = tl.constexpr(Padding.BORDER.value)
 REFLECTION = tl.constexpr(Padding.REFLECTION.value)
 GRID = tl.constexpr(FieldKind.GRID.value)
+AFFINE = tl.constexpr(FieldKind.AFFINE.value)
+AFFINE_DISPLACEMENT = tl.constexpr(FieldKind.AFFINE_DISPLACEMENT.value)
 
 
 @triton.jit
@@ -77,9 +79,9 @@ def reflect(index, twice_low, twice_high):
 def source_index(coord, size, origin, RULE: tl.constexpr, FORWARD: tl.constexpr):
     """Voxel index and d index / d coord (both float64) of normalised coordinates along ``size`` voxels.
 
-    For a field other than a grid (``RULE.field``, the fused warp's displacement) ``coord`` is
-    a displacement in voxels from the point's own position ``origin`` (int64): the index is
-    ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward
+    For a field other than a grid (``RULE.field``) ``coord`` is a displacement in voxels (0
+    for an affine field alone) from the position ``origin`` (:func:`field_coordinates`): the
+    index is ``origin + coord`` and its slope 1, before padding. ``FORWARD`` selects PyTorch's forward
     treatment of a NaN under border/reflection padding (clipped to ``size - 1``); the backward
     lets it fall out of range.
     """
@@ -126,18 +128,60 @@ def component_offsets(offset, step, FIELD: tl.constexpr):
 
 
 @triton.jit
-def point_indices(grid, offset, mask, depth, height, width, d, h, w, RULE: tl.constexpr, FORWARD: tl.constexpr):
-    """(ix, iy, iz, mx, my, mz) of the points of ``grid`` at int64 ``offset``.
+def affine_position(matrix, n, d, h, w, mask):
+    """(px, py, pz), float64: an affine field's positions of the output points (n, d, h, w), ``M @ (w, h, d, 1)``
+    from the rows of its voxel matrix (N, 12), each axis ``M[0] w + ((M[1] h + M[2] d) + M[3])`` as every engine
+    evaluates it (:mod:`gridsampler3d.affine`)."""
+    row = matrix + (n * 12 + tl.zeros_like(w))
+    wf, hf, df = w.to(tl.float64), h.to(tl.float64), d.to(tl.float64)
+    px = tl.load(row, mask=mask, other=0.0) * wf + (
+        (tl.load(row + 1, mask=mask, other=0.0) * hf + tl.load(row + 2, mask=mask, other=0.0) * df)
+        + tl.load(row + 3, mask=mask, other=0.0)
+    )
+    py = tl.load(row + 4, mask=mask, other=0.0) * wf + (
+        (tl.load(row + 5, mask=mask, other=0.0) * hf + tl.load(row + 6, mask=mask, other=0.0) * df)
+        + tl.load(row + 7, mask=mask, other=0.0)
+    )
+    pz = tl.load(row + 8, mask=mask, other=0.0) * wf + (
+        (tl.load(row + 9, mask=mask, other=0.0) * hf + tl.load(row + 10, mask=mask, other=0.0) * df)
+        + tl.load(row + 11, mask=mask, other=0.0)
+    )
+    return px, py, pz
 
-    ``d``, ``h``, ``w``: the points' output positions, from which a displacement (``RULE.field``) is measured.
+
+@triton.jit
+def field_coordinates(field, n, d, h, w, mask, RULE: tl.constexpr):
+    """(gx, gy, gz, ox, oy, oz) of the output points (n, d, h, w) of ``field`` (a :class:`.records.FieldOperand`):
+    what the field holds along x, y and z, and the positions a displacement is measured from.
+
+    A grid holds normalised coordinates (the origins are unused); a displacement is measured
+    from the point's own (w, h, d); an affine field's from its affine position
+    (:func:`affine_position`), and an affine field alone holds zeros.
     """
-    at_x, at_y, at_z = component_offsets(offset, grid.strides.k, RULE.field)
-    gx = tl.load(grid.data + at_x, mask=mask, other=0.0)
-    gy = tl.load(grid.data + at_y, mask=mask, other=0.0)
-    gz = tl.load(grid.data + at_z, mask=mask, other=0.0)
-    ix, mx = source_index(gx, width, w, RULE, FORWARD)
-    iy, my = source_index(gy, height, h, RULE, FORWARD)
-    iz, mz = source_index(gz, depth, d, RULE, FORWARD)
+    if RULE.field == AFFINE:
+        gx = tl.zeros(w.shape, tl.float64)
+        gy = tl.zeros(w.shape, tl.float64)
+        gz = tl.zeros(w.shape, tl.float64)
+    else:
+        offset = point_offset(n, d, h, w, field.strides)
+        at_x, at_y, at_z = component_offsets(offset, field.strides.k, RULE.field)
+        gx = tl.load(field.data + at_x, mask=mask, other=0.0)
+        gy = tl.load(field.data + at_y, mask=mask, other=0.0)
+        gz = tl.load(field.data + at_z, mask=mask, other=0.0)
+    if RULE.field == AFFINE or RULE.field == AFFINE_DISPLACEMENT:
+        ox, oy, oz = affine_position(field.matrix, n, d, h, w, mask)
+    else:
+        ox, oy, oz = w, h, d
+    return gx, gy, gz, ox, oy, oz
+
+
+@triton.jit
+def point_indices(field, n, d, h, w, mask, depth, height, width, RULE: tl.constexpr, FORWARD: tl.constexpr):
+    """(ix, iy, iz, mx, my, mz) of the output points (n, d, h, w) of ``field`` (:func:`field_coordinates`)."""
+    gx, gy, gz, ox, oy, oz = field_coordinates(field, n, d, h, w, mask, RULE)
+    ix, mx = source_index(gx, width, ox, RULE, FORWARD)
+    iy, my = source_index(gy, height, oy, RULE, FORWARD)
+    iz, mz = source_index(gz, depth, oz, RULE, FORWARD)
     return ix, iy, iz, mx, my, mz
 
 
@@ -149,6 +193,31 @@ def store_point_gradient(dgrid, offset, mask, grad_x, grad_y, grad_z, FIELD: tl.
     tl.store(dgrid.data + at_x, grad_x, mask=mask)
     tl.store(dgrid.data + at_y, grad_y, mask=mask)
     tl.store(dgrid.data + at_z, grad_z, mask=mask)
+
+
+@triton.jit
+def store_row_moments(moments, n, d, h, w, mask, grad_x, grad_y, grad_z, out_depth, out_height):
+    """Write this program's partial row moments of an affine field (:class:`.records.RowMoments`): the sums over
+    its points of their position gradient (grad_x, grad_y, grad_z, float64) and of it times w, into the block of
+    column ``program_id(1)`` of their output row (n, d, h).
+
+    A program's points are one output row, its first lane in it: the plan of a theta gradient
+    takes patches one row high and deep, the tricubic walk one row a program. ``tl.sum`` adds its lanes in a
+    fixed order, and no two programs write the same entry.
+    """
+    gx = tl.where(mask, grad_x, 0.0)
+    gy = tl.where(mask, grad_y, 0.0)
+    gz = tl.where(mask, grad_z, 0.0)
+    columns = w.to(tl.float64)
+    # The same in every lane of the row; a lane past its end may be in the next row (flat numbering).
+    row = tl.max(tl.where(mask, (n * out_depth + d) * out_height + h, 0), axis=0)
+    at = moments.data + (row * moments.blocks + tl.program_id(1)) * 6
+    tl.store(at, tl.sum(gx, axis=0))
+    tl.store(at + 1, tl.sum(gy, axis=0))
+    tl.store(at + 2, tl.sum(gz, axis=0))
+    tl.store(at + 3, tl.sum(gx * columns, axis=0))
+    tl.store(at + 4, tl.sum(gy * columns, axis=0))
+    tl.store(at + 5, tl.sum(gz * columns, axis=0))
 
 
 @triton.jit

@@ -12,7 +12,9 @@ tensor and its strides as one :class:`.records.Operand`, the sizes as one
 (:meth:`.planner.Tile.keywords`) and ``OUTPUTS``. A displacement runs the same kernels with
 ``RULE.field``: they read the displacement in place of a grid (strides handed over in
 point order, :meth:`.sampling.Field.point_strides`) and write its gradient through its own
-strides.
+strides. An affine field's kernels compute each point's position from its voxel matrix
+(:func:`.launch.field_matrix`); the backward walk reduces theta's gradient to partial row
+moments (:class:`.records.RowMoments`), summed here in float64 in a fixed order.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ import importlib.util
 
 import torch
 
+from ..affine import matrix_gradient, theta_gradient
 from ..layout import memory_format_of
 from ..modes import Interpolation
-from ..sampling import Field, Outputs, Sampling
+from ..rounding import round_once
+from ..sampling import Field, Gradients, Outputs, Sampling
 from . import autotune
 from .gathered import gathered_bicubic_dx, gathered_dx
 from .launch import (
     accumulator,
+    field_matrix,
     field_operand,
     fusion,
     interpreter_enabled,
@@ -42,7 +47,7 @@ from .launch import (
     volume_operand,
 )
 from .planner import DxMethod, FieldPass, GpuCall, GpuPlan, Stage, make_plan
-from .records import constexpr_members
+from .records import RowMoments, constexpr_members
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
 
@@ -132,10 +137,11 @@ class TritonBackend:
             memory_format=memory_format_of(x),
         )
         with _on_device(x.device):
+            operand = field_operand(field, field_matrix(field, x, sampling))
             if plan.interpolation == Interpolation.BICUBIC:
-                _bicubic_forward(plan, x, field, sampling, y)
+                _bicubic_forward(plan, x, field, sampling, (operand, y))
             else:
-                _forward(plan, x, field, sampling, y)
+                _forward(plan, x, field, sampling, (operand, y))
         return y.to(x.dtype)
 
     def backward(
@@ -146,8 +152,8 @@ class TritonBackend:
         sampling: Sampling,
         outputs: Outputs,
         deterministic: bool,
-    ):
-        """(dx, dfield): dfield laid out as :meth:`.sampling.Field.gradient_format` says."""
+    ) -> Gradients:
+        """(dx, dfield, dtheta): dfield laid out as :meth:`.sampling.Field.gradient_format` says."""
         plan = plan_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic)
         dfield = None
         if outputs.dfield:
@@ -160,22 +166,41 @@ class TritonBackend:
         if plan.dx == DxMethod.ATOMIC:
             # Atomics add into a zeroed buffer of the sums' dtype (float32 for half types).
             dx = torch.zeros_like(x, dtype=getattr(torch, plan.dx_sums), memory_format=memory_format_of(x))
+        moments = None
         with _on_device(x.device):
+            matrix = field_matrix(field, x, sampling)
             if plan.walk:
-                _backward_walk(plan, (grad, x, field, sampling), dx, dfield)
+                moments = _backward_walk(plan, (grad, x, field, sampling, matrix), dx, dfield)
             if plan.dx == DxMethod.GATHERED:
-                dx = gathered_dx(plan, grad, x, field, sampling)
+                dx = gathered_dx(plan, grad, x, field, sampling, matrix)
             elif plan.dx == DxMethod.SORTED_TAPS:
-                dx = gathered_bicubic_dx(plan, grad, x, field, sampling)
+                dx = gathered_bicubic_dx(plan, grad, x, field, sampling, matrix)
+            dtheta = _theta_gradient(plan, moments, x, field, sampling)
         if plan.dx == DxMethod.ATOMIC:
             dx = dx.to(x.dtype)
-        return dx, (dfield.to(field.tensor.dtype) if outputs.dfield else None)
+        return Gradients(dx, dfield.to(field.tensor.dtype) if outputs.dfield else None, dtheta)
 
 
-def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> None:
-    """y by the trilinear / nearest forward kernel, in the plan's patches."""
+def _theta_gradient(plan: GpuPlan, moments, x, field: Field, sampling: Sampling):
+    """theta's gradient (N, 3, 4) in theta's dtype, rounded once: the walk's partial row moments summed over their
+    column blocks and then over the rows in float64, in a fixed order (:mod:`gridsampler3d.affine`); zero where
+    the plan says so (nearest); None where not asked for."""
+    if plan.theta_pass == FieldPass.NONE:
+        return None
+    if plan.theta_pass == FieldPass.ZEROS:
+        return torch.zeros_like(field.theta)
+    row_moments = moments.data.sum(dim=1)
+    matrix_grad = matrix_gradient(row_moments, field.theta.shape[0], field.out_sizes)
+    dtheta = theta_gradient(matrix_grad, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners)
+    return round_once(dtheta, field.theta.dtype)
+
+
+def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operands: tuple) -> None:
+    """y by the trilinear / nearest forward kernel, in the plan's patches; ``operands`` is (the field's
+    :class:`.records.FieldOperand`, y)."""
     forward, _, _ = kernels()
-    operands = (volume_operand(x), field_operand(field), volume_operand(y), sizes_of(x, field))
+    operand, y = operands
+    operands = (volume_operand(x), operand, volume_operand(y), sizes_of(x, field))
     constexprs = dict(RULE=kernel_rule(sampling, field.kind), ACC=accumulator(plan.sums), **fusion(x.dtype))
 
     def launch(tile):
@@ -186,13 +211,14 @@ def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> None:
     launch_tuned("forward", plan, x, launch)
 
 
-def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> None:
-    """y by the tricubic forward kernel, flat over points and channel blocks."""
+def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operands: tuple) -> None:
+    """y by the tricubic forward kernel, flat over points and channel blocks; ``operands`` as :func:`_forward`'s."""
     _, _, bicubic = kernels()
+    operand, y = operands
     points, tile = points_of(x, field), plan.tile
     bicubic.bicubic_fwd_kernel[(-(-points // tile.block_w), -(-x.shape[1] // tile.block_c))](
         volume_operand(x),
-        field_operand(field),
+        operand,
         volume_operand(y),
         points,
         sizes_of(x, field),
@@ -203,39 +229,57 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, y) -> N
     )
 
 
-def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> None:
-    """The backward kernel's walk over the points: the field's gradient (``plan.field_pass``) and, with atomics,
-    dx (``plan.dx``); ``call`` is (grad, x, field, sampling). An output not written is handed over as a tensor
-    of its shape that nothing writes."""
+def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowMoments | None:
+    """The backward kernel's walk over the points: the field's gradient (``plan.field_pass``), an affine field's
+    partial row moments (``plan.theta_pass``, returned) and, with atomics, dx (``plan.dx``); ``call`` is (grad, x,
+    field, sampling, the field's voxel matrix or None). An output not written is handed over as a tensor of its
+    shape that nothing writes."""
     _, backward, bicubic = kernels()
-    grad, x, field, sampling = call
+    grad, x, field, sampling, matrix = call
     want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.field_pass == FieldPass.WALK
-    dx_target, dfield_target = (dx if want_dx else x), (dfield if want_dfield else field.tensor)
+    want_moments = plan.theta_pass == FieldPass.WALK
+    dx_target = dx if want_dx else x
+    dfield_target = dfield if want_dfield else None
     operands = (
         volume_operand(grad),
         volume_operand(x),
-        field_operand(field),
+        field_operand(field, matrix),
         volume_operand(dx_target),
-        field_operand(field, dfield_target),
+        field_operand(field, matrix, dfield_target),
     )
     constexprs = dict(
         RULE=kernel_rule(sampling, field.kind),
         ACC=accumulator(plan.sums),
-        OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield)),
+        OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield, want_moments)),
         **fusion(x.dtype),
     )
+    out_depth, out_height, out_width = field.out_sizes
+    rows = x.shape[0] * out_depth * out_height
+    found = []
+
+    def moments_for(tile) -> RowMoments:
+        """The moments' buffer for a launch of ``tile`` (every entry written), or a stand-in nothing writes."""
+        if not want_moments:
+            return RowMoments(x, 1)
+        blocks = -(-out_width // tile.block_w)
+        found[:] = [RowMoments(torch.empty((rows, blocks, 6), dtype=torch.float64, device=x.device), blocks)]
+        return found[0]
+
     if plan.interpolation == Interpolation.BICUBIC:
         points, tile = points_of(x, field), plan.tile
-        bicubic.bicubic_bwd_kernel[(-(-points // tile.block_w),)](
-            *operands, points, sizes_of(x, field), **constexprs, **tile.keywords()
+        # An affine field's programs take one output row each, so that their moments are a row's.
+        launch_grid = (rows, -(-out_width // tile.block_w)) if field.kind.affine else (-(-points // tile.block_w),)
+        bicubic.bicubic_bwd_kernel[launch_grid](
+            *operands, moments_for(tile), points, sizes_of(x, field), **constexprs, **tile.keywords()
         )
-        return
+        return found[0] if found else None
 
     def launch(tile):
         if want_dx:
             dx.zero_()  # a timed launch has added into it
         backward.grid_sampler3d_bwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            *operands, sizes_of(x, field), **constexprs, **tile.keywords()
+            *operands, moments_for(tile), sizes_of(x, field), **constexprs, **tile.keywords()
         )
 
     launch_tuned("backward", plan, x, launch)
+    return found[0] if found else None

@@ -9,7 +9,9 @@ place through their strides (:class:`.records.Operand`), with int64 offsets.
 
 For a displacement (``RULE.field``, the fused warp) the "grid" is a displacement (N, 3, Do, Ho, Wo) holding
 (dz, dy, dx) in voxels, passed with its strides in point order (:class:`.records.PointStrides`):
-point (d, h, w) samples at (w + dx, h + dy, d + dz) (``coords.source_index``).
+point (d, h, w) samples at (w + dx, h + dy, d + dz) (``coords.source_index``). An affine field
+(``RULE.field``) samples at its voxel matrix's position of the point, plus a displacement
+where it has one (``coords.field_coordinates``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .coords import NEAREST, cell_taps, point_indices, point_offset, tile_points, wide
+from .coords import NEAREST, cell_taps, point_indices, tile_points, wide
 
 
 @triton.jit
@@ -32,8 +34,7 @@ def grid_sampler3d_fwd_kernel(x, grid, y, sizes, RULE: tl.constexpr, ACC: tl.con
     depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
     out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
     n, d, h, w, point_mask = tile_points(out_depth, out_height, out_width, TILE)
-    grid_offset = point_offset(n, d, h, w, grid.strides)
-    ix, iy, iz, _, _, _ = point_indices(grid, grid_offset, point_mask, depth, height, width, d, h, w, RULE, True)
+    ix, iy, iz, _, _, _ = point_indices(grid, n, d, h, w, point_mask, depth, height, width, RULE, True)
     offsets, insides, weights = cell_taps(ix, iy, iz, depth, height, width, x.strides, RULE.interpolation, ACC)
     x_item = x.data + n * x.strides.n
     y_points = y.data + n * y.strides.n + d * y.strides.d + h * y.strides.h + w * y.strides.w

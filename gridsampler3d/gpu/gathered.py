@@ -82,10 +82,10 @@ def _exact_store_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if store_dtype(dtype) != dtype else dtype
 
 
-def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling):
+def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling, matrix):
     """(starts, counts, sorted points): points keyed by their lowest corner and stably sorted; each point's record
     (its source indices, trilinear) and where its grad lies, written once in sorted order
-    (:class:`.records.SortedRecords`)."""
+    (:class:`.records.SortedRecords`). ``matrix``: an affine field's (:func:`.launch.field_matrix`)."""
     _, backward, _ = kernels()
     batch, _, depth, height, width = x.shape
     points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
@@ -93,7 +93,7 @@ def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling):
     keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
     tile = Tile(block_w=256)
     backward.bucket_keys_kernel[(-(-points // tile.block_w),)](
-        field_operand(field), keys, points, sizes, RULE=rule, **tile.keywords()
+        field_operand(field, matrix), keys, points, sizes, RULE=rule, **tile.keywords()
     )
     order = torch.sort(keys, stable=True).indices
     starts, counts = _bucket_starts(keys, buckets + 1, points)
@@ -104,17 +104,23 @@ def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling):
         points,
     )
     backward.sorted_records_kernel[(-(-points // tile.block_w),)](
-        field_operand(field), order, sorted_points, sizes, VolumeStrides(*grad.stride()), RULE=rule, **tile.keywords()
+        field_operand(field, matrix),
+        order,
+        sorted_points,
+        sizes,
+        VolumeStrides(*grad.stride()),
+        RULE=rule,
+        **tile.keywords(),
     )
     return starts, counts, sorted_points
 
 
-def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> torch.Tensor:
+def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling, matrix=None) -> torch.Tensor:
     """The deterministic trilinear / nearest dx: bucket points by their lowest corner, then gather per voxel (half
-    types: in float64, rounded once)."""
+    types: in float64, rounded once). ``matrix``: an affine field's (:func:`.launch.field_matrix`)."""
     _, backward, _ = kernels()
     batch, channels, depth, height, width = x.shape
-    starts, counts, sorted_points = _sorted_records(plan, grad, x, field, sampling)
+    starts, counts, sorted_points = _sorted_records(plan, grad, x, field, sampling, matrix)
     buckets = batch * (depth + 1) * (height + 1) * (width + 1)
     acc, block_c = accumulator(plan.dx_sums), plan.gather_tile.block_c
     chunked = chunks(starts, counts, buckets, plan.chunk)
@@ -173,10 +179,11 @@ def gathered_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> tor
     return round_once(dx, x.dtype)
 
 
-def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling) -> torch.Tensor:
+def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling, matrix=None) -> torch.Tensor:
     """The deterministic tricubic dx: per chunk of points, sort (point, tap) entries by voxel, then gather.
 
-    Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end."""
+    Chunks add onto one buffer, so half types sum in a float64 buffer, rounded once at the end.
+    ``matrix``: an affine field's (:func:`.launch.field_matrix`)."""
     _, _, bicubic = kernels()
     batch, channels, depth, height, width = x.shape
     points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
@@ -185,12 +192,12 @@ def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling
         x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64, memory_format=memory_format_of(x)
     )
     keys_tile, tile = Tile(block_w=64), plan.gather_tile
-    operands = (volume_operand(grad), field_operand(field), volume_operand(dx))
+    operands = (volume_operand(grad), field_operand(field, matrix), volume_operand(dx))
     for first_point in range(0, points, plan.chunk):
         count = min(plan.chunk, points - first_point)
         keys = torch.empty(count * 64, dtype=_index_dtype(voxel_count + 1), device=x.device)
         bicubic.bicubic_tap_keys_kernel[(-(-count // keys_tile.block_w),)](
-            field_operand(field),
+            operands[1],
             keys,
             first_point,
             first_point + count,

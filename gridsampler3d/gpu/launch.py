@@ -1,5 +1,5 @@
 """What every launch of the GPU engine shares: the kernel modules, the records the kernels take (:mod:`.records`),
-the kernels' constexprs, launch grids, tuning.
+the kernels' constexprs, launch grids, tuning, an affine field's voxel matrix.
 """
 
 from __future__ import annotations
@@ -9,15 +9,17 @@ import os
 
 import torch
 
+from ..affine import voxel_matrix
 from ..layout import memory_format_of
 from ..sampling import Field, FieldKind, Sampling
 from . import autotune
 from .planner import GpuPlan
-from .records import Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
+from .records import FieldOperand, Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
 
 __all__ = [
     "accumulator",
     "field_operand",
+    "field_matrix",
     "fusion",
     "interpreter_enabled",
     "kernel_rule",
@@ -80,11 +82,24 @@ def volume_operand(tensor) -> Operand:
     return Operand(tensor, VolumeStrides(*tensor.stride()))
 
 
-def field_operand(field: Field, tensor=None) -> Operand:
+def field_matrix(field: Field, x, sampling: Sampling):
+    """An affine field's voxel matrix (N, 12), float64, on x's device (:func:`gridsampler3d.affine.voxel_matrix` of
+    theta for x's sizes and the field's output sizes); None for a field without theta."""
+    if not field.kind.affine:
+        return None
+    theta = field.theta.to(torch.float64)
+    return voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners).reshape(-1, 12).contiguous()
+
+
+def field_operand(field: Field, matrix=None, tensor=None) -> FieldOperand:
     """The field's tensor (or ``tensor``, another of its shape: its gradient) as the kernels take it, strides in
-    point order (:meth:`.sampling.Field.point_strides`)."""
+    point order (:meth:`.sampling.Field.point_strides`), with an affine field's ``matrix`` (:func:`field_matrix`).
+    A field with no tensor (an affine alone) hands over its matrix in the tensor's place, with zero strides."""
     tensor = field.tensor if tensor is None else tensor
-    return Operand(tensor, PointStrides(*field.point_strides(tensor.stride())))
+    if tensor is None:
+        return FieldOperand(matrix, PointStrides(0, 0, 0, 0, 0), matrix)
+    strides = PointStrides(*field.point_strides(tensor.stride()))
+    return FieldOperand(tensor, strides, tensor if matrix is None else matrix)
 
 
 def sizes_of(x, field: Field) -> Sizes:

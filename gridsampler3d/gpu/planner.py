@@ -54,11 +54,13 @@ class DxMethod(enum.Enum):
 
 
 class FieldPass(enum.Enum):
-    """How the backward computes the field's gradient."""
+    """How the backward computes the field tensor's gradient, or an affine field's theta's."""
 
     NONE = "none"  # not asked for
     ZEROS = "zeros"  # nearest: zero everywhere, no pass
-    WALK = "walk"  # in the backward kernel's walk over the points, a per-point sum over channels and taps
+    # In the backward kernel's walk over the points, a per-point sum over channels and taps; for theta, reduced
+    # to partial row moments there, summed by the engine in float64 (gpu.records.RowMoments).
+    WALK = "walk"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +126,8 @@ class GpuPlan:
     ``tile`` is the launch shape of the call's main kernel (the forward, or the backward's
     walk over the points, which ``walk`` says runs at all); ``candidates`` the shapes (the
     first is ``tile``) whose results are the same, which the tuner may time instead, and
-    ``tuned`` whether it does. ``dx`` and ``field_pass`` say how the backward's outputs are
-    made; the deterministic gather launches with ``gather_tile`` (among ``gather_candidates``,
+    ``tuned`` whether it does. ``dx``, ``field_pass`` and ``theta_pass`` say how the backward's
+    outputs are made; the deterministic gather launches with ``gather_tile`` (among ``gather_candidates``,
     timed where ``gather_tuned``), summing buckets longer than
     ``chunk`` points in chunks of that many (:data:`DxMethod.GATHERED`), or sorting ``chunk``
     points' entries at a time (:data:`DxMethod.SORTED_TAPS`). ``sums`` is the precision of
@@ -140,6 +142,7 @@ class GpuPlan:
     walk: bool = True
     dx: DxMethod = DxMethod.NONE
     field_pass: FieldPass = FieldPass.NONE
+    theta_pass: FieldPass = FieldPass.NONE
     gather_tile: Tile | None = None
     gather_candidates: tuple = ()
     gather_tuned: bool = False
@@ -167,6 +170,13 @@ class GpuPlan:
                     FieldPass.ZEROS: "field gradient zero",
                     FieldPass.WALK: "field gradient in the walk over points",
                 }[self.field_pass]
+            )
+            words.append(
+                {
+                    FieldPass.NONE: "",
+                    FieldPass.ZEROS: "theta gradient zero",
+                    FieldPass.WALK: "theta gradient from the walk's row moments, summed in float64",
+                }[self.theta_pass]
             )
             words.append(_dx_words(self))
         return ", ".join(word for word in words if word)
@@ -272,9 +282,10 @@ def _forward_plan(call: GpuCall) -> GpuPlan:
 def _backward_plan(call: GpuCall) -> GpuPlan:
     interpolation = call.sampling.interpolation
     bicubic = interpolation == Interpolation.BICUBIC
-    field_pass = FieldPass.NONE
-    if call.outputs.dfield:
-        field_pass = FieldPass.ZEROS if interpolation == Interpolation.NEAREST else FieldPass.WALK
+    field_pass, theta_pass = (
+        FieldPass.NONE if not wanted else FieldPass.ZEROS if interpolation == Interpolation.NEAREST else FieldPass.WALK
+        for wanted in (call.outputs.dfield, call.outputs.dtheta and call.field.affine)
+    )
     dx = DxMethod.NONE
     if call.outputs.dx:
         dx = DxMethod.ATOMIC if not call.deterministic else (DxMethod.SORTED_TAPS if bicubic else DxMethod.GATHERED)
@@ -283,11 +294,12 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
         interpolation=interpolation,
         dx=dx,
         field_pass=field_pass,
+        theta_pass=theta_pass,
         sums=_sums(call),
         dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC),
         capability=call.capability,
         interpreted=call.interpreted,
-        walk=dx == DxMethod.ATOMIC or field_pass == FieldPass.WALK,
+        walk=dx == DxMethod.ATOMIC or FieldPass.WALK in (field_pass, theta_pass),
     )
     gather = _gather(call, dx)
     if bicubic:
@@ -296,17 +308,22 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
             tile = dataclasses.replace(tile, block_c=1)  # the grid gradient summed channel by channel: bit for bit
         return GpuPlan(tile=tile, **gather, **common)
     candidates = _patch_candidates(call, 128 if channel_block(call) == 1 else 256)
+    if theta_pass == FieldPass.WALK:
+        # theta's row moments are a program's sums: patches of one row (coords.store_row_moments)
+        candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_h=1, block_d=1) for tile in candidates))
     if call.dtype == "float64":
         # the grid gradient summed channel by channel: PyTorch's order, bit for bit
         candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_c=1) for tile in candidates))
     # Tuned in the fast mode only, and there only where no reduction runs across the lanes
     # of a channel vector (whose order a shape could change): the grid gradient stays the
-    # same in both modes and from run to run.
+    # same in both modes and from run to run. Theta's row moments are summed per block_w
+    # columns, so a theta gradient fixes the shape.
     tuned = (
         call.autotune
         and dx == DxMethod.ATOMIC
         and len(candidates) > 1
         and (field_pass != FieldPass.WALK or candidates[0].block_c == 1)
+        and theta_pass != FieldPass.WALK
     )
     return GpuPlan(tile=candidates[0], candidates=candidates, tuned=tuned, **gather, **common)
 

@@ -26,7 +26,18 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Operand", "PointStrides", "Rule", "Sizes", "SortedRecords", "Tile", "VolumeStrides", "constexpr_members"]
+__all__ = [
+    "FieldOperand",
+    "Operand",
+    "PointStrides",
+    "RowMoments",
+    "Rule",
+    "Sizes",
+    "SortedRecords",
+    "Tile",
+    "VolumeStrides",
+    "constexpr_members",
+]
 
 
 class VolumeStrides(NamedTuple):
@@ -57,6 +68,28 @@ class Operand(NamedTuple):
 
     data: Any
     strides: Any
+
+
+class FieldOperand(NamedTuple):
+    """A field as the kernels read it, or its gradient as they write it: ``data`` (the grid or displacement, a torch
+    tensor at launch, a pointer inside the kernel) with its :class:`PointStrides`, and ``matrix``, an affine
+    field's voxel matrix (N, 12), float64 (:func:`gridsampler3d.affine.voxel_matrix`). A field without a tensor
+    (an affine alone) hands over the matrix as ``data`` with zero strides, and a field without a matrix its tensor
+    as ``matrix``: the kernels read only what ``RULE.field`` says the field has."""
+
+    data: Any
+    strides: Any
+    matrix: Any
+
+
+class RowMoments(NamedTuple):
+    """Where a backward walk writes an affine field's partial row moments: ``data`` (rows, ``blocks``, 6),
+    float64, rows numbered (n * Do + d) * Ho + h, one block per ``block_w`` output columns; a block's six are
+    ``sum g_i`` and ``sum g_i * w`` (i = x, y, z) over its points, ``g`` the loss's gradient with respect to a
+    point's position (:func:`gridsampler3d.affine.matrix_gradient` takes their sums over the blocks)."""
+
+    data: Any
+    blocks: int
 
 
 class Sizes(NamedTuple):
