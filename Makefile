@@ -1,8 +1,14 @@
-# Set-up-and-go targets. Each bootstraps .venv when it is missing.
+# Set-up-and-go targets. Each bootstraps .venv when it is missing, with what it needs:
+# `make run` torch and the package alone (NumPy, Numba); the others add their extras once.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+# Options for every pip install (a mirror, a proxy); TORCH_INDEX, where set, is the index torch alone comes
+# from (PyTorch's CPU-only index, say: a plain `pip install torch` on Linux fetches the CUDA build).
+PIP_OPTIONS ?=
+TORCH_INDEX ?=
+# The extras `make test` installs (pyproject.toml): everything the suite exercises.
+TEST_EXTRAS ?= dev
 # pytest workers: one per core. Most of a cold run is single-threaded kernel compiles,
 # which the workers share through the on-disk cache.
 TEST_WORKERS ?= auto
@@ -10,7 +16,10 @@ TEST_WORKERS ?= auto
 # names, and the plan, the precision rule and the golden kit.
 API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision gridsampler3d.golden_kit
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install $(PIP_OPTIONS)
 STAMP := $(VENV)/.installed
+# One stamp per extra installed on top: $(VENV)/.extra-<name>.
+EXTRA := $(VENV)/.extra-
 
 .PHONY: venv run demo test lint format bench docs clean
 
@@ -20,34 +29,41 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	# torch first, pinned, so that nothing below pulls a different (much larger) build
-	$(PY) -m pip install "$(TORCH_SPEC)"
+	$(PIP) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	# ... and kept: an extra that would want another torch (monai) resolves to a release that fits
 	echo "$(TORCH_SPEC)" > $(VENV)/torch-constraint.txt
-	$(PY) -m pip install -c $(VENV)/torch-constraint.txt -e ".[$(EXTRAS)]"
+	$(PIP) -c $(VENV)/torch-constraint.txt -e .
+	rm -f $(EXTRA)*
 	touch $(STAMP)
+
+# An extra of pyproject.toml on top of the package, once (the stamp goes when the package is reinstalled).
+$(EXTRA)%: $(STAMP)
+	$(PIP) -c $(VENV)/torch-constraint.txt -e ".[$*]"
+	touch $@
 
 run: venv
 	$(VENV)/bin/gridsampler3d run --out out/run
 
-demo: venv
+demo: $(EXTRA)bench
 	$(VENV)/bin/gridsampler3d demo --out out/demo
 
+# --durations: the slowest tests, listed at the end of the run
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 tests
 
 # The linter and the formatter's check (ruff, configured in pyproject.toml); `make format` fixes what they can.
-lint: venv
+lint: $(EXTRA)$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: venv
+format: $(EXTRA)$(TEST_EXTRAS)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: venv
+bench: $(EXTRA)bench
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png
 
-docs: venv
+docs: $(EXTRA)docs
 	$(PY) -m pdoc --output-directory out/api $(API_MODULES)
 
 clean:

@@ -297,8 +297,10 @@ def test_gradcheck_and_double_backward(mode):
     def warp(volume, theta, displacement):
         return gs.affine_warp(volume, theta, out_size, displacement=displacement, mode=mode, padding_mode="border")
 
-    assert torch.autograd.gradcheck(warp, leaves)
-    assert torch.autograd.gradgradcheck(warp, leaves)
+    # fast_mode: the Jacobians against random vectors rather than entry by entry; a wrong entry still changes the
+    # product, and test_reference_is_the_explicit_path holds every gradient to autograd's of the explicit path.
+    assert torch.autograd.gradcheck(warp, leaves, fast_mode=True)
+    assert torch.autograd.gradgradcheck(warp, leaves, fast_mode=True)
 
 
 def test_torch_compile_export_and_opcheck():

@@ -30,7 +30,10 @@ SHAPES = {  # N, C, (Di, Hi, Wi), (Do, Ho, Wo)
 def test_odd_shapes(attributes, shape, cpu_backend):
     batch, channels, in_size, out_size = SHAPES[shape]
     mode, padding, align_corners = attributes
-    for dtype in (torch.float32, torch.float64):
+    # Through Triton's interpreter (seconds a call) float64 alone: the shapes' indexing is the same in every dtype,
+    # and test_gpu.py holds the interpreter's float32 and half results to the golden on every mode.
+    dtypes = (torch.float64,) if cpu_backend == "triton" else (torch.float32, torch.float64)
+    for dtype in dtypes:
         grad, x, grid = make_case(batch, channels, in_size, out_size, dtype, low=-1.6, high=1.6)
         label = f"{shape} {matrix_id(attributes)} {dtype}"
         assert_backward_matches(grad, x, grid, mode, padding, align_corners, backend=cpu_backend, label=label)

@@ -17,6 +17,9 @@ def test_run_default_case_writes_outputs(tmp_path, capsys):
     assert main(["run", "--size", "12", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "built-in default case" in printed and "dx" in printed and "dgrid" in printed
+    # the compile is reported apart from the backward's own time (a second call)
+    assert "first call: " in printed and "backward: " in printed and "(a second call" in printed
+    assert "compiled " in printed or "no kernel compiled" in printed
     dx, dgrid = np.load(tmp_path / "dx.npy"), np.load(tmp_path / "dgrid.npy")
     assert dx.shape == (1, 1, 12, 12, 12) and dgrid.shape == (1, 12, 12, 12, 3)
     assert np.isfinite(dx).all() and np.abs(dgrid).max() > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -64,3 +65,8 @@ def require_device(device: str) -> None:
         raise CliError(f"--device must be cpu or cuda (cuda:N); got {device!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise CliError(f"--device {device}: no CUDA device is available here")
+
+
+def to_stderr(line: str) -> None:
+    """Print a progress line to standard error at once (the results go to standard output)."""
+    print(line, file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .arguments import CliError, require_device
+from ..cpu.compile_report import reporting_compiles
+from .arguments import CliError, require_device, to_stderr
 
 __all__ = ["add_command"]
 
@@ -63,21 +64,23 @@ def _bench(args: argparse.Namespace) -> int:
     if args.readme:
         _rewrite_readme(Path(args.readme), None)  # checked before the run, written after it
     reports = []
-    for threads in counts:
-        try:
-            reports.append(
-                bench.run_suite(
-                    args.cases,
-                    device=args.device,
-                    backend=args.backend,
-                    repeats=args.repeats,
-                    threads=threads,
-                    scale=args.scale,
-                    explain=args.explain,
+    with reporting_compiles(to_stderr) as compiles:
+        for threads in counts:
+            try:
+                reports.append(
+                    bench.run_suite(
+                        args.cases,
+                        device=args.device,
+                        backend=args.backend,
+                        repeats=args.repeats,
+                        threads=threads,
+                        scale=args.scale,
+                        explain=args.explain,
+                    )
                 )
-            )
-        except (ValueError, RuntimeError) as error:
-            raise CliError(str(error)) from None
+            except (ValueError, RuntimeError) as error:
+                raise CliError(str(error)) from None
+    print(f"{compiles.summary()}: in the warm-up calls, which no time above includes")
     if args.json:
         bench.write_json(reports[0] if len(reports) == 1 else {"reports": reports}, args.json)
         print(f"wrote {args.json}")

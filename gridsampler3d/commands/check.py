@@ -20,8 +20,9 @@ import torch
 
 from .. import api, precision
 from ..backends import BACKENDS
+from ..cpu.compile_report import reporting_compiles
 from ..validate import DTYPES
-from .arguments import CliError, require_device
+from .arguments import CliError, require_device, to_stderr
 
 __all__ = ["add_command", "run_check", "format_row", "HEADER"]
 
@@ -189,6 +190,33 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
 
     echo(HEADER)
     rows = []
+    with reporting_compiles(to_stderr) as compiles:
+        _check_cases(names, cases, (device, inputs, expected), rows, echo)
+
+    failed = [row for row in rows if not row["passed"]]
+    limits = ", ".join(f"{metric} {limit:g}" for metric, limit in zip(("MARE", "MERE", "RMSE"), precision.RATIOS))
+    echo(
+        f"ratios: ours / PyTorch's error in the same dtype, worst of MARE, MERE, RMSE (limits {limits}); "
+        "* marks a failing output"
+    )
+    for row in failed:
+        for failure in row["failures"]:
+            echo(
+                f"FAIL {row['backend']} {row['mode']} {row['padding']} align_corners={row['align_corners']} "
+                f"{row['dtype']} {row['layout']}: {failure}"
+            )
+    echo(
+        f"{'FAILED' if failed else 'PASSED'}: {len(rows) - len(failed)}/{len(rows)} cases passed on {device} "
+        f"(backends: {', '.join(names)}; dtypes: {', '.join(dtype_names)}) in {time.perf_counter() - start:.1f} s; "
+        f"{compiles.summary()}"
+    )
+    return rows
+
+
+def _check_cases(names, cases, data: tuple, rows: list, echo) -> None:
+    """Run and judge every case with every backend variant, appending a row per case to ``rows`` and echoing it;
+    ``data`` is (device, the inputs by (dtype, layout), the expected outputs by case)."""
+    device, inputs, expected = data
     for label, name, deterministic in _variants(names):
         for mode, padding, align_corners, dtype_name, layout in cases:
             row = {
@@ -215,24 +243,6 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
             row["passed"] = row["error"] is None and not row["failures"]
             rows.append(row)
             echo(format_row(row))
-
-    failed = [row for row in rows if not row["passed"]]
-    limits = ", ".join(f"{metric} {limit:g}" for metric, limit in zip(("MARE", "MERE", "RMSE"), precision.RATIOS))
-    echo(
-        f"ratios: ours / PyTorch's error in the same dtype, worst of MARE, MERE, RMSE (limits {limits}); "
-        "* marks a failing output"
-    )
-    for row in failed:
-        for failure in row["failures"]:
-            echo(
-                f"FAIL {row['backend']} {row['mode']} {row['padding']} align_corners={row['align_corners']} "
-                f"{row['dtype']} {row['layout']}: {failure}"
-            )
-    echo(
-        f"{'FAILED' if failed else 'PASSED'}: {len(rows) - len(failed)}/{len(rows)} cases passed on {device} "
-        f"(backends: {', '.join(names)}; dtypes: {', '.join(dtype_names)}) in {time.perf_counter() - start:.1f} s"
-    )
-    return rows
 
 
 def add_command(commands) -> None:

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import inputs
+from ..cpu.compile_report import reporting_compiles
 from ..torch_ops import Warp3d
-from .arguments import CliError, require_device
+from .arguments import CliError, require_device, to_stderr
 
 __all__ = ["run_demo", "dice_scores", "normalised_cross_correlation"]
 
@@ -285,11 +286,13 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise CliError(f"--steps must be at least 1; got {args.steps}")
     if args.device == "cpu":
-        print("a first run compiles the CPU kernels once (cached on disk), about a minute", file=sys.stderr, flush=True)
+        to_stderr("a first run compiles the CPU kernels once, each named as it compiles")
     try:
-        run_demo(size=args.size, steps=args.steps, device=args.device, out=args.out, seed=args.seed)
+        with reporting_compiles(to_stderr) as compiles:
+            run_demo(size=args.size, steps=args.steps, device=args.device, out=args.out, seed=args.seed)
     except OSError as error:
         raise CliError(f"--out: cannot write to {args.out} ({error})") from None
     except (ValueError, RuntimeError) as error:
         raise CliError(str(error)) from None
+    print(f"of that time: {compiles.summary()}")
     return 0
