@@ -118,9 +118,9 @@ def test_single_contribution_dx_is_the_golden_rounded_once(data_format, determin
 
 
 def _dx_with_tiles(monkeypatch, small, grad, x, grid, deterministic):
-    """dx with programs of 2 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
+    """dx with programs of 4 points or 16 voxels (``small``), or of the engine's usual sizes: another split."""
     if small:
-        monkeypatch.setattr(planner, "patch_tile", lambda *_, **__: planner.Tile(block_w=2, num_warps=1))
+        monkeypatch.setattr(planner, "patch_tile", lambda *_, **__: planner.Tile(block_w=4, num_warps=1))
         monkeypatch.setattr(planner, "flat_tile", lambda *_, **__: planner.Tile(block_w=16))
     try:
         return gs.grid_sampler3d_backward(grad, x, grid, backend="triton", deterministic=deterministic)[0]
@@ -132,7 +132,7 @@ def test_deterministic_dx_does_not_depend_on_how_work_is_split(monkeypatch):
     """Repeating a run cannot show non-determinism here: the interpreter runs programs (and
     their atomics) in order. Changing how many points each program takes reorders the fast
     mode's additions, as a GPU's scheduling does; the deterministic dx must not move a bit."""
-    grad, x, grid = _on(DEVICE, *make_case(1, 2, (3, 3, 3), (6, 7, 8), torch.float32, seed=3))
+    grad, x, grid = _on(DEVICE, *make_case(1, 2, (3, 3, 3), (4, 5, 6), torch.float32, seed=3))
     fast = [_dx_with_tiles(monkeypatch, small, grad, x, grid, False) for small in (True, False)]
     assert not torch.equal(*fast), "the case must be sensitive to the order of additions"
     exact = [_dx_with_tiles(monkeypatch, small, grad, x, grid, True) for small in (True, False)]
