@@ -140,7 +140,7 @@ def parse_output_mask(value, names: str = "dx, dgrid") -> tuple[bool, ...]:
     """Bools, one per output (compute dx, compute dgrid) → a tuple of bools; ``names`` names the outputs, comma
     separated, in errors and in how many bools it takes."""
     count = len(names.split(","))
-    what = "a pair" if count == 2 else f"{count}"
+    what = "a pair of" if count == 2 else f"{count}"
     try:
         items = tuple(value)
     except TypeError:

@@ -20,10 +20,13 @@ from gridsampler3d.cpu.backward import BackwardOperands, backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use, outlined_helper, part_kernel, plain
 from gridsampler3d.cpu.planner import _rows_per_long_row
-from gridsampler3d.cpu.records import Carry, Geometry, RowRanges, coordinate_rule
+from gridsampler3d.cpu.records import Carry, Geometry, Operand, RowRanges, coordinate_rule
 from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
 from gridsampler3d.rounding import round_once
 from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
+
+# The voxel matrix a field without theta hands the kernels: empty (the engine's own, engine._NO_MATRIX).
+NO_MATRIX = np.empty(0)
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -352,7 +355,8 @@ def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
     from gridsampler3d.cpu.records import Operand, unnamed
 
     operand = Operand(np.zeros(2), (1, 1, 1, 1, 1))
-    arguments = (BackwardOperands(*[operand] * 5), Geometry(1, 2, (3, 4, 5), (6, 7, 8)), np.zeros(3), 4, (1, 2))
+    fields = len(BackwardOperands._fields)
+    arguments = (BackwardOperands(*[operand] * fields), Geometry(1, 2, (3, 4, 5), (6, 7, 8)), np.zeros(3), 4, (1, 2))
     plain = unnamed(arguments)
     assert [type(argument) for argument in plain] == [tuple, tuple, np.ndarray, int, tuple]
     assert all(type(field) is tuple and field[0] is operand.array for field in plain[0])  # a record in a record
@@ -456,6 +460,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     row_first, row_last = (np.full(rows, -7, np.int64) for _ in range(2))
     depth_ranges(
         grid_operand,
+        NO_MATRIX,
         geometry,
         coordinate_rule(sampling, FieldKind.GRID),
         (1, True),
@@ -468,6 +473,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
     scanned_first, scanned_last = (np.full(rows, -7, np.int64) for _ in range(2))
     depth_ranges(
         grid_operand,
+        NO_MATRIX,
         geometry,
         coordinate_rule(sampling, FieldKind.GRID),
         (3, True),
@@ -492,7 +498,13 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         dx = torch.full_like(x, float("nan"))
         dgrid = torch.full_like(grid, float("nan"))
         operands = BackwardOperands(
-            engine.operand(grad), engine.operand(x), grid_operand, engine.operand(dx), engine.operand(dgrid)
+            engine.operand(grad),
+            engine.operand(x),
+            grid_operand,
+            engine.operand(dx),
+            engine.operand(dgrid),
+            Operand(NO_MATRIX, (12,)),
+            Operand(np.zeros(0), (6,)),  # no moments: not an affine field
         )
         for work, want_dx, want_dgrid in passes:
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag
@@ -517,7 +529,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             torch.testing.assert_close(dgrid, golden_dgrid, rtol=1e-12, atol=1e-12)
     y = torch.full_like(grad, float("nan"))
     forward_kernel(sampling, FieldKind.GRID)(
-        engine.operand(x), grid_operand, engine.operand(y), geometry, slabs, unresolved
+        engine.operand(x), grid_operand, NO_MATRIX, engine.operand(y), geometry, slabs, unresolved
     )
     assert not unresolved.any()
     assert _equal(y, precision.golden_forward(x, grid, mode, padding, align_corners))
@@ -537,7 +549,7 @@ def test_far_reflections_flag_the_fast_kernel_and_take_the_exact_one(mode, threa
         y = torch.empty_like(grad)
         unresolved = np.full(2, -1, np.int64)
         forward_kernel(sampling, FieldKind.GRID)(
-            engine.operand(x), engine.operand(grid), engine.operand(y), geometry, 2, unresolved
+            engine.operand(x), engine.operand(grid), NO_MATRIX, engine.operand(y), geometry, 2, unresolved
         )
         return unresolved.tolist()
 
