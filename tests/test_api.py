@@ -25,11 +25,18 @@ SHAPES = {  # N, C, (Di, Hi, Wi), (Do, Ho, Wo)
 }
 
 
+MANY_CHANNELS_THROUGH_TRITON = (("bilinear", "zeros", False), ("nearest", "zeros", False))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
 def test_odd_shapes(attributes, shape, cpu_backend):
     batch, channels, in_size, out_size = SHAPES[shape]
     mode, padding, align_corners = attributes
+    if cpu_backend == "triton" and shape == "many-channels" and attributes not in MANY_CHANNELS_THROUGH_TRITON:
+        # 257 channels through the interpreter take seconds each: the channel loop does not depend on the padding
+        # or align_corners, so trilinear and nearest with zeros padding cover it.
+        pytest.skip("many channels through Triton's interpreter: trilinear and nearest with zeros cover the loop")
     # Through Triton's interpreter (seconds a call) float64 alone: the shapes' indexing is the same in every dtype,
     # and test_gpu.py holds the interpreter's float32 and half results to the golden on every mode.
     dtypes = (torch.float64,) if cpu_backend == "triton" else (torch.float32, torch.float64)

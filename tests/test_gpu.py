@@ -57,9 +57,10 @@ def test_deterministic_mode_matches_golden(attributes, dtype, data_format):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
 @pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
 def test_many_points_per_voxel(attributes, deterministic):
-    """Output three times finer than the input along each axis: up to 8 * 27 contributions per voxel."""
+    """Output three times finer than the input along each axis: up to 8 * 27 contributions per voxel. One batch item
+    (through the interpreter, time goes with the points): test_api.py's odd shapes cover batches."""
     mode, padding, align_corners = attributes
-    grad, x, grid = _on(DEVICE, *make_case(2, 5, (3, 4, 3), (9, 11, 10), torch.float32, "NDHWC", seed=7))
+    grad, x, grid = _on(DEVICE, *make_case(1, 5, (3, 4, 3), (9, 11, 10), torch.float32, "NDHWC", seed=7))
     assert_backward_matches(
         grad,
         x,
