@@ -448,7 +448,7 @@ def test_device_check_dry_run_writes_every_phase(tmp_path):
             "--scale",
             "0.03",
             "--budget",
-            "30",
+            "20",  # the speed phase's two cases, some correctness cases, the determinism phase: about 25 s
             "--cases",
             "reg256,warp256",
             "--out",
