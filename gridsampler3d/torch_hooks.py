@@ -32,7 +32,9 @@ frame on the call stack.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import inspect
 import sys
 import warnings
@@ -76,7 +78,23 @@ _dynamo_flags = _lookup("torch.onnx._internal.exporter._flags")
 _torchscript_globals = _lookup("torch.onnx._internal.torchscript_exporter._globals", "GLOBALS") or _lookup(
     "torch.onnx._globals", "GLOBALS"
 )
-_export_entry = _lookup("torch.onnx._internal.exporter._compat", "export_compat")
+# The dynamo exporter's entry point, whose frame holds the opset asked for. Looked up on first use: its module
+# imports onnxscript (about two seconds), which importing this package should not pay.
+_EXPORT_ENTRY = ("torch.onnx._internal.exporter._compat", "export_compat")
+
+
+@functools.cache
+def _export_entry():
+    return _lookup(*_EXPORT_ENTRY)
+
+
+def _module_exists(module_name: str) -> bool:
+    """Whether ``module_name`` can be imported, without importing it (its parent packages excepted)."""
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ImportError:
+        return False
+
 
 #: Each hook and whether this torch has what it reads.
 HOOKS = {
@@ -84,7 +102,7 @@ HOOKS = {
     "dispatch_mode_active": _current_dispatch_mode is not None,
     "remove_library": _library_destroy is not None,
     "onnx_export_in_progress": _dynamo_flags is not None or _torchscript_globals is not None,
-    "requested_opset": _torchscript_globals is not None or _export_entry is not None,
+    "requested_opset": _torchscript_globals is not None or _module_exists(_EXPORT_ENTRY[0]),
 }
 
 
@@ -150,9 +168,10 @@ def requested_opset() -> int | None:
     """The opset of the model the export under way writes, or None where torch does not say (see above)."""
     if _torchscript_globals is not None and getattr(_torchscript_globals, "in_onnx_export", False):
         return _torchscript_globals.export_onnx_opset_version
-    if _export_entry is None:
+    entry = _export_entry()
+    if entry is None:
         return None
-    code = inspect.unwrap(_export_entry).__code__
+    code = inspect.unwrap(entry).__code__
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
