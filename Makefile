@@ -47,9 +47,10 @@ run: venv
 demo: $(EXTRA)bench
 	$(VENV)/bin/gridsampler3d demo --out out/demo
 
-# --durations: the slowest tests, listed at the end of the run
+# --dist worksteal: a worker that runs out takes tests waiting in another's queue (tests/conftest.py starts the
+# slow ones first); --durations: the slowest tests, listed at the end of the run
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 # The linter and the formatter's check (ruff, configured in pyproject.toml); `make format` fixes what they can.
 lint: $(EXTRA)$(TEST_EXTRAS)

@@ -9,19 +9,21 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from helpers import CPU_BACKENDS  # noqa: E402
 
-import gridsampler3d as gs  # noqa: E402
 from gridsampler3d.cpu import tuning  # noqa: E402
 
 # The CPU engine runs a call with fewer output values than this as one part on the calling
 # thread (test_cpu checks that route and this threshold).
 DEFAULT_PARALLEL_VALUES = tuning.PARALLEL_VALUES
 
-CPU_BACKENDS = [
-    name
-    for name in gs.available_backends()
-    if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(torch.device("cpu")))
-]
+
+def pytest_collection_modifyitems(items):
+    """Tests marked slow start first, the rest in collection order. `make test` runs pytest-xdist with work
+    stealing: a worker that runs out takes the tests still waiting at the end of another's queue, so with the slow
+    ones first, what is left at the end is quick tests, and the workers finish together instead of one running a
+    late slow test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

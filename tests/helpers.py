@@ -17,6 +17,23 @@ DTYPE_IDS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32",
 MODES = ("bilinear", "nearest")
 PADDINGS = ("zeros", "border", "reflection")
 MATRIX = list(itertools.product(MODES, PADDINGS, (False, True)))
+LAYOUTS = ("NCDHW", "NDHWC")
+# Every backend that runs on CPU tensors here (Triton through its interpreter when there is no GPU).
+CPU_BACKENDS = [
+    name
+    for name in gs.available_backends()
+    if name in ("reference", "numba") or (name == "triton" and gs.backends.BACKENDS[name].supports(torch.device("cpu")))
+]
+
+
+def in_rotation(attributes, dtype, data_format, turn: int = 0) -> bool:
+    """Whether Triton's interpreter (CPU tensors, a second or more a case) runs this case of the full matrix of
+    attribute sets x dtypes x layouts: every attribute set in both layouts, each with one dtype in rotation. Every
+    dtype still meets every mode, padding, align_corners and layout (each pair of values runs together), in a
+    quarter of the cases; ``turn`` turns the rotation, so that two tests of one kernel path take different quarters.
+    """
+    position = MATRIX.index(attributes) + LAYOUTS.index(data_format) + turn
+    return DTYPES.index(dtype) == position % len(DTYPES)
 
 
 def matrix_id(case) -> str:

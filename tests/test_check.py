@@ -10,6 +10,7 @@ from gridsampler3d.commands.check import run_check
 BACKENDS_HERE = ["reference", "numba"]
 
 
+@pytest.mark.slow
 def test_quick_check_passes_on_cpu():
     lines = []
     rows = run_check(device="cpu", backends=BACKENDS_HERE, quick=True, echo=lines.append)

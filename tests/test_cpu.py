@@ -675,6 +675,7 @@ def _vector_code_counts(kernel, dtype=numba.float32) -> tuple[int, int, int]:
     [("zeros", FieldKind.GRID), ("reflection", FieldKind.GRID), ("border", FieldKind.DISPLACEMENT)],
     ids=["zeros", "reflection", "warp-border"],
 )
+@pytest.mark.slow
 def test_hot_loops_stay_vectorised(padding, field):
     """The block loops compile to SIMD arithmetic with hardware gathers (grid and fused-warp kernels).
 
@@ -754,6 +755,7 @@ print(json.dumps({"gathers_in_use": gathers_in_use(), "gathers": gathers}))
 """
 
 
+@pytest.mark.slow
 def test_gather_and_scalar_load_builds_agree(tmp_path):
     """The kernels built the other way than this CPU's (gathers or lane-by-lane loads) give bitwise the same results.
 

@@ -4,6 +4,7 @@ import gc
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -81,6 +82,7 @@ def _free_port():
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one(tmp_path):
     result_path = tmp_path / "parameters.pt"
     mp.spawn(_worker, args=(2, _free_port(), str(result_path)), nprocs=2, join=True)

@@ -6,9 +6,12 @@ TRITON_INTERPRET=1); the tests marked ``cuda`` need a real GPU and skip cleanly 
 
 import dataclasses
 import fcntl
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +21,12 @@ import torch
 from helpers import (
     DTYPE_IDS,
     DTYPES,
+    LAYOUTS,
     MATRIX,
     assert_backward_matches,
     assert_forward_matches,
     cancelling_channels_last_case,
+    in_rotation,
     make_case,
     matrix_id,
 )
@@ -42,9 +47,22 @@ def _on(device, *tensors):
     return tuple(t.to(device) for t in tensors)
 
 
-@pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("attributes", MATRIX, ids=matrix_id)
+# The deterministic backward over the attribute x dtype x layout matrix: all of it on a GPU; through the interpreter
+# a quarter, in rotation (helpers.in_rotation), another quarter than test_matrix.py's fast mode takes.
+DETERMINISTIC_CASES = [
+    (attributes, dtype, data_format)
+    for attributes in MATRIX
+    for dtype in DTYPES
+    for data_format in LAYOUTS
+    if HAS_CUDA or in_rotation(attributes, dtype, data_format, turn=2)
+]
+
+
+@pytest.mark.parametrize(
+    "attributes, dtype, data_format",
+    DETERMINISTIC_CASES,
+    ids=[f"{matrix_id(a)}-{DTYPE_IDS[d]}-{f}" for a, d, f in DETERMINISTIC_CASES],
+)
 def test_deterministic_mode_matches_golden(attributes, dtype, data_format):
     mode, padding, align_corners = attributes
     grad, x, grid = _on(DEVICE, *make_case(dtype=dtype, data_format=data_format, seed=MATRIX.index(attributes)))
@@ -332,12 +350,44 @@ def test_unavailable_reason_is_clear_without_gpu_or_interpreter(monkeypatch):
     assert reason is not None and "TRITON_INTERPRET" in reason
 
 
+def _compile_inputs() -> str:
+    """A digest of everything the sm_90 compile's findings depend on: the package's sources, the script, the
+    versions of Python, PyTorch and Triton, and Triton's settings in the environment."""
+    script = Path(__file__).with_name("gpu_compile.py")
+    package = Path(gs.__file__).parent
+    digest = hashlib.sha256()
+    sources = {script.name: script} | {path.relative_to(package).as_posix(): path for path in package.rglob("*.py")}
+    for name, path in sorted(sources.items()):
+        digest.update(f"{name}\0".encode())
+        digest.update(path.read_bytes())
+    for distribution in ("torch", "triton"):
+        digest.update(f"{distribution} {importlib.metadata.version(distribution)}\0".encode())
+    digest.update(sys.version.encode())
+    for key in sorted(os.environ):  # Triton's settings, but the interpreter's switch (the compile runs without)
+        if key.startswith("TRITON_") and key != "TRITON_INTERPRET":
+            digest.update(f"{key}={os.environ[key]}\0".encode())
+    return digest.hexdigest()
+
+
+# Where the findings are kept between runs (pytest's cache, .pytest_cache/; `pytest --cache-clear` empties it).
+COMPILE_FINDINGS = "gridsampler3d/gpu-compile"
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled(request, tmp_path_factory):
     """What tests/gpu_compile.py finds in each kernel compiled for sm_90 (no GPU needed), in a clean process.
 
-    The interpreter skips the compiler, so what only generated code shows is checked here."""
-    # The compile takes 30 to 60 s: under pytest-xdist the first worker to need it runs it
+    The interpreter skips the compiler, so what only generated code shows is checked here.
+    The compile takes about two minutes on two cores; its findings are kept in pytest's cache
+    under a digest of everything they depend on (:func:`_compile_inputs`), and a later run
+    reuses them only while that digest is the same: an edited source, script or version
+    compiles again, and so does every run on a clean checkout (CI)."""
+    inputs = _compile_inputs()
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    kept = cache.get(COMPILE_FINDINGS, None) if cache else None
+    if kept and kept.get("inputs") == inputs:
+        return kept["records"]
+    # Under pytest-xdist the first worker to need a compile runs it
     # and the others wait for its findings, in the run's shared temporary directory
     # (a worker's own is a subdirectory of it; without xdist, the run's own).
     run_directory = tmp_path_factory.getbasetemp()
@@ -360,9 +410,29 @@ def compiled(tmp_path_factory):
             )
             assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
             partial.rename(findings)
-    return json.loads(findings.read_text())
+    records = json.loads(findings.read_text())
+    if cache:
+        cache.set(COMPILE_FINDINGS, {"inputs": inputs, "records": records})
+    return records
 
 
+def test_compile_findings_are_reused_only_for_the_same_inputs(tmp_path, monkeypatch):
+    """The digest the kept findings are filed under changes with any source of the package and with Triton's
+    settings, and with nothing else."""
+    package = tmp_path / "gridsampler3d"
+    shutil.copytree(Path(gs.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    first = _compile_inputs()
+    monkeypatch.setattr(gs, "__file__", str(package / "__init__.py"))
+    assert _compile_inputs() == first  # the same sources elsewhere
+    helper = package / "gpu" / "coords.py"
+    helper.write_text(helper.read_text() + "\n")
+    edited = _compile_inputs()
+    assert edited != first
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # a value no other run had
+    assert _compile_inputs() != edited
+
+
+@pytest.mark.slow
 def test_every_kernel_compiles_for_a_gpu(compiled):
     from gridsampler3d.gpu import backward, bicubic, forward
 
@@ -370,6 +440,7 @@ def test_every_kernel_compiles_for_a_gpu(compiled):
     assert {record["kernel"] for record in compiled} == kernels
 
 
+@pytest.mark.slow
 def test_size_products_and_offsets_are_int64(compiled):
     """Integer kernel arguments arrive as int32; a product of two (1300^3 voxels) must not wrap."""
     wrapping = {
@@ -380,6 +451,7 @@ def test_size_products_and_offsets_are_int64(compiled):
     assert not wrapping
 
 
+@pytest.mark.slow
 def test_reflection_remainder_is_an_exact_fmod(compiled):
     """Compiled, % on floats is x - trunc(x / y) * y: negative just below k * span. libdevice's fmod is exact."""
     reflecting = [record for record in compiled if "RULE.padding=2" in record["constants"]]
@@ -390,6 +462,7 @@ def test_reflection_remainder_is_an_exact_fmod(compiled):
         assert record["float_remainders"]["fmod"] > 0, record["kernel"]
 
 
+@pytest.mark.slow
 def test_half_deterministic_dx_is_rounded_once_from_float64(compiled):
     """The gather's float64 sum is converted straight to the half type (one rounding), never through float32."""
     gathers = [
@@ -434,6 +507,7 @@ def test_check_judges_each_triton_mode_against_the_golden(monkeypatch):
     assert all(failure.startswith("dx: FAIL") for row in rows for failure in row["failures"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="the dry run is for machines without a GPU")
 def test_device_check_dry_run_writes_every_phase(tmp_path):
     """benchmarks/gpu_check.py through the interpreter at tiny sizes: every phase runs and is written."""

@@ -14,6 +14,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -110,6 +111,7 @@ def _link_installed(distribution, site_packages: Path) -> None:
             target.symlink_to(Path(distribution.locate_file(entry)).resolve())
 
 
+@pytest.mark.slow
 def test_build_is_clean_and_the_installed_wheel_equals_the_golden(tmp_path):
     sdist, wheel, output = _build(tmp_path)
     assert not re.findall(r".*(?:warn|deprecat).*", output, flags=re.IGNORECASE)

@@ -39,6 +39,7 @@ def _run_check(*args):
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("check", CHECKS)
 def test_engine_across_processes_and_threads(check):
     """Fork (DataLoader workers), spawn, 4 concurrent threads, changing thread counts: all bit for bit."""

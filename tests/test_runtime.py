@@ -53,6 +53,7 @@ def test_the_users_threading_layer_is_kept(layer):
     _run("user-layer", NUMBA_THREADING_LAYER=layer)
 
 
+@pytest.mark.slow
 def test_the_plain_path_matches_pytorch(tmp_path):
     """Numba's public API alone: float64 bitwise PyTorch's, float32 by the rule, no disk cache, named "plain"."""
     _run("plain", cache=tmp_path / "cache", GRIDSAMPLER3D_PLAIN_NUMBA="1")
@@ -66,6 +67,7 @@ def _sums(output: str) -> dict:
     return {line.split()[0]: line.split()[1] for line in output.splitlines() if line.startswith("bi")}
 
 
+@pytest.mark.slow
 def test_an_edited_helper_reaches_the_next_call(tmp_path):
     """A helper's file changes, the kernels' files do not: the next call compiles anew instead of loading the old.
 
