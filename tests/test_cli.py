@@ -54,18 +54,36 @@ def test_run_on_files_matches_golden(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "dgrid.npy"), golden[1].numpy())
 
 
-@pytest.mark.parametrize(
-    "arguments, message",
-    [
-        (["--grad", "missing.npy", "--input", "missing.npy", "--grid", "missing.npy"], "no such file"),
-        (["--grad", "bad.npy", "--input", "bad.npy", "--grid", "bad.npy"], "not a readable .npy array"),
-        (["--grad", "x.npy"], "go together; missing --input, --grid"),
-        (["--grad", "x.npy", "--input", "x.npy", "--grid", "x.npy"], "grid's last dimension must be 3"),
-        (["--padding-mode", "wrap", "--size", "4"], "padding_mode must be one of"),
-    ],
-)
-def test_run_errors_are_one_line(tmp_path, arguments, message):
+RUN_ERRORS = [
+    (["--grad", "missing.npy", "--input", "missing.npy", "--grid", "missing.npy"], "no such file"),
+    (["--grad", "bad.npy", "--input", "bad.npy", "--grid", "bad.npy"], "not a readable .npy array"),
+    (["--grad", "x.npy"], "go together; missing --input, --grid"),
+    (["--grad", "x.npy", "--input", "x.npy", "--grid", "x.npy"], "grid's last dimension must be 3"),
+    (["--padding-mode", "wrap", "--size", "4"], "padding_mode must be one of"),
+]
+
+
+def _assert_one_line_error(code: int, stderr: str, message: str) -> None:
+    assert code == 2
+    assert message in stderr and "Traceback" not in stderr
+    errors = [line for line in stderr.strip().splitlines() if not line.startswith("computing")]
+    assert len(errors) == 1
+
+
+@pytest.mark.parametrize("arguments, message", RUN_ERRORS)
+def test_run_errors_are_one_line(tmp_path, monkeypatch, capsys, arguments, message):
+    """In this process (the console script's entry point, main): each error is one line on stderr and exit status
+    2; the test below runs one through a process of its own."""
     (tmp_path / "bad.npy").write_text("not an array")
+    np.save(tmp_path / "x.npy", np.zeros((1, 1, 2, 2, 2)))
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", *arguments, "--out", "o"])
+    _assert_one_line_error(code, capsys.readouterr().err, message)
+
+
+def test_a_run_error_in_its_own_process_is_one_line(tmp_path):
+    """`python -m gridsampler3d.cli`: the exit status and stderr a shell sees."""
+    arguments, message = RUN_ERRORS[3]
     np.save(tmp_path / "x.npy", np.zeros((1, 1, 2, 2, 2)))
     result = subprocess.run(
         [sys.executable, "-m", "gridsampler3d.cli", "run", *arguments, "--out", "o"],
@@ -73,10 +91,7 @@ def test_run_errors_are_one_line(tmp_path, arguments, message):
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.strip().splitlines() if not line.startswith("computing")]
-    assert len(errors) == 1
+    _assert_one_line_error(result.returncode, result.stderr, message)
 
 
 def test_help_names_every_mode_and_points_to_a_real_command():
