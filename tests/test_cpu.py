@@ -25,8 +25,8 @@ from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, ro
 from gridsampler3d.rounding import round_once
 from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
 
-# The voxel matrix a field without theta hands the kernels: empty (the engine's own, engine._NO_MATRIX).
-NO_MATRIX = np.empty(0)
+# The voxel matrix the engine hands the kernels for a field without theta (empty).
+NO_MATRIX = engine._NO_MATRIX
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
