@@ -14,7 +14,7 @@ TEST_EXTRAS ?= dev
 TEST_WORKERS ?= auto
 # The modules the API reference documents (`make docs`, into out/api): the package's public
 # names, and the plan, the precision rule and the golden kit.
-API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision gridsampler3d.golden_kit
+API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision gridsampler3d.tools.golden_kit
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install $(PIP_OPTIONS)
 STAMP := $(VENV)/.installed

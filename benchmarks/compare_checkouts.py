@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 import gridsampler3d
-from gridsampler3d.bench.suite import build_inputs, select_cases
+from gridsampler3d.tools.bench.suite import build_inputs, select_cases
 
 
 def _load_other(checkout: Path, plain: bool = False):

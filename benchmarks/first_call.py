@@ -12,7 +12,7 @@ start = time.perf_counter()
 import torch  # noqa: E402
 
 import gridsampler3d as gs  # noqa: E402
-from gridsampler3d import inputs  # noqa: E402
+from gridsampler3d.tools import inputs  # noqa: E402
 
 imported = time.perf_counter()
 x = torch.randn(1, 2, 16, 16, 16)

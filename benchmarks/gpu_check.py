@@ -38,11 +38,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gridsampler3d as gs  # noqa: E402
-from gridsampler3d.bench.runner import machine_info, plumbed_warp  # noqa: E402
-from gridsampler3d.bench.suite import BenchCase, build_inputs  # noqa: E402
-from gridsampler3d.commands import check  # noqa: E402
+from gridsampler3d.dtypes import DTYPES  # noqa: E402
 from gridsampler3d.modes import parse_interpolation, parse_padding  # noqa: E402
-from gridsampler3d.validate import DTYPES  # noqa: E402
+from gridsampler3d.tools.bench.runner import machine_info, plumbed_warp  # noqa: E402
+from gridsampler3d.tools.bench.suite import BenchCase, build_inputs  # noqa: E402
+from gridsampler3d.tools.commands import check  # noqa: E402
 
 # GPU sizes: the operator's eight benchmark cases scaled up so that one launch runs well past launch
 # overhead, and the cases a GPU needs besides (half types, wide channels-last, a large

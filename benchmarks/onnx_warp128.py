@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import gridsampler3d as gs
-from gridsampler3d.bench.runner import plumbed_grid, plumbed_warp, time_call
-from gridsampler3d.bench.suite import build_inputs, select_cases
+from gridsampler3d.tools.bench.runner import plumbed_grid, plumbed_warp, time_call
+from gridsampler3d.tools.bench.suite import build_inputs, select_cases
 
 
 def main(argv=None) -> int:

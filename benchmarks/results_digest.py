@@ -1,9 +1,10 @@
 """One digest of the outputs of a few hundred calls, to show that a change of the code moved no bit.
 
-Every interpolation, padding, align_corners, dtype, layout and output mask, the grid sampler
-and the fused warp, at one and two threads, each call once as the planner makes it and
-once with the tuning constants lowered so that the small volumes here take the plans of
-large ones (parts, channel groups, carried sums, channels-last copies). Run it on two
+Every interpolation, padding, align_corners, dtype, layout and output mask, the grid sampler,
+the fused warp and the affine field (with and without a displacement, one theta in nine not
+finite), at one and two threads, each call once as the planner makes it and once with the
+tuning constants lowered so that the small volumes here take the plans of large ones (parts,
+channel groups, carried sums, channels-last copies). Run it on two
 checkouts and compare the last line:
 
     python benchmarks/results_digest.py                    # this checkout
@@ -121,6 +122,37 @@ def _warp_calls(generator, backend, small):
         )
 
 
+def _affine_calls(generator, backend, small):
+    """The affine field, with and without a displacement, every mode, padding, align_corners and dtype: theta near the
+    identity (positions inside and past the edges), one call in nine with a non-finite theta (the explicit path)."""
+    shapes = (
+        [((2, 3, (5, 6, 7)), (4, 5, 6))] if small else [((2, 3, (5, 6, 7)), (4, 5, 6)), ((1, 5, (6, 4, 5)), (3, 7, 2))]
+    )
+    masks = ((True, True, True), (True, False, False), (False, True, False), (False, False, True))
+    for index, (mode, padding, align_corners, dtype, displaced) in enumerate(
+        itertools.product(MODES, PADDINGS, (False, True), DTYPES, (False, True))
+    ):
+        (batch, channels, sizes), out_sizes = shapes[index % len(shapes)]
+        volume = torch.randn(batch, channels, *sizes, generator=generator, dtype=torch.float64).to(dtype)
+        theta = torch.eye(3, 4, dtype=torch.float64) + 0.3 * torch.randn(
+            batch, 3, 4, generator=generator, dtype=torch.float64
+        )
+        if index % 9 == 4:
+            theta[0, 1, 2] = float("nan")
+        theta = theta.to(dtype)
+        displacement = None
+        if displaced:
+            displacement = (torch.randn(batch, 3, *out_sizes, generator=generator, dtype=torch.float64) * 1.5).to(dtype)
+        grad = torch.randn(batch, channels, *out_sizes, generator=generator, dtype=torch.float64).to(dtype)
+        common = dict(interpolation_mode=mode, padding_mode=padding, align_corners=align_corners, backend=backend)
+        y = gs.affine_warp3d(volume, theta, out_sizes, displacement, **common)
+        mask = masks[index % len(masks)]
+        yield (
+            (mode, padding, align_corners, dtype, displaced, mask),
+            (y, *gs.affine_warp3d_backward(grad, volume, theta, out_sizes, displacement, output_mask=mask, **common)),
+        )
+
+
 def digest(backend: str, thread_counts, splits) -> tuple[str, int]:
     total, calls = hashlib.sha256(), 0
     defaults = {name: getattr(tuning, name) for name in SPLIT}
@@ -131,7 +163,7 @@ def digest(backend: str, thread_counts, splits) -> tuple[str, int]:
             for name, value in (SPLIT if split else defaults).items():
                 setattr(tuning, name, value)
             generator = torch.Generator().manual_seed(1234)
-            for family in (_sampler_calls, _warp_calls):
+            for family in (_sampler_calls, _warp_calls, _affine_calls):
                 for label, outputs in family(generator, backend, small):
                     part = hashlib.sha256(b"".join(_bits(output) for output in outputs)).hexdigest()
                     total.update(f"{threads} {split} {label} {part}\n".encode())

@@ -20,8 +20,8 @@ import time
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d.bench.suite import build_inputs, select_cases
 from gridsampler3d.cpu import buffers, transpose
+from gridsampler3d.tools.bench.suite import build_inputs, select_cases
 
 
 def _timed(call) -> float:

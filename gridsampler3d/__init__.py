@@ -19,9 +19,8 @@ from .api import (
 )
 from .backends import available_backends
 from .modes import DataFormat, DisplacementFormat, Interpolation, Padding
+from .nn import AffineWarp3d, Warp3d, affine_warp, grid_sample, integrate_velocity, warp
 from .patch import is_patched, patch_torch, patched, unpatch_torch
-from .torch_affine import AffineWarp3d, affine_warp
-from .torch_ops import Warp3d, grid_sample, integrate_velocity, warp
 
 __all__ = [
     "grid_sampler3d",

@@ -1,8 +1,8 @@
-"""``python -m gridsampler3d``: the command line of :mod:`gridsampler3d.cli`."""
+"""``python -m gridsampler3d``: the command line of :mod:`gridsampler3d.tools.cli`."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

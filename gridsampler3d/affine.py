@@ -46,8 +46,23 @@ __all__ = [
 ]
 
 
-def _stack(values, axis: int):
-    return np.stack(values, axis=axis) if isinstance(values[0], np.ndarray) else torch.stack(values, dim=axis)
+def _per_matrix(rows_of, values, *constants):
+    """``rows_of(entries, *constants)`` for the (3, 4) matrices of ``values`` (N, 3, 4), as an (N, 3, 4) float64 array
+    of ``values``' kind; ``rows_of`` reads ``entries[i][j]``, each the (N,) entries of the batch, and returns three
+    rows of four: elementwise operations, the same bits for NumPy, torch or Python floats.
+
+    NumPy's results are written into one array (``np.stack`` costs more calls than the
+    arithmetic); torch's are stacked, which keeps them differentiable.
+    """
+    if isinstance(values, np.ndarray):
+        rows = rows_of(values.transpose(1, 2, 0), *constants)
+        matrix = np.empty(values.shape)
+        for i in range(3):
+            for j in range(4):
+                matrix[:, i, j] = rows[i][j]
+        return matrix
+    rows = rows_of(values.permute(1, 2, 0), *constants)
+    return torch.stack([torch.stack(row, dim=1) for row in rows], dim=1)
 
 
 def _slope(size: int, align_corners: bool) -> float:
@@ -56,15 +71,31 @@ def _slope(size: int, align_corners: bool) -> float:
 
 
 def _axes(in_sizes, out_sizes, align_corners: bool):
-    """(s_in per x, y, z; s_out per w, h, d, None for an axis whose normalised coordinate is always 0; b)."""
+    """(s_in per x, y, z; s_out per w, h, d, None for an axis whose normalised coordinate is always 0; b): the
+    slopes of :func:`_slope`, written out once here, kept by sizes."""
+    key = (*in_sizes, *out_sizes, align_corners)
+    try:
+        return _AXES[key]
+    except KeyError:
+        if len(_AXES) >= 256:
+            _AXES.clear()
+        slopes = _AXES[key] = _slopes(in_sizes, out_sizes, align_corners)
+        return slopes
+    except TypeError:  # symbolic sizes (torch.export): not kept
+        return _slopes(in_sizes, out_sizes, align_corners)
+
+
+_AXES: dict = {}
+
+
+def _slopes(in_sizes, out_sizes, align_corners: bool):
     depth, height, width = in_sizes
     out_depth, out_height, out_width = out_sizes
-    s_in = [_slope(size, align_corners) for size in (width, height, depth)]
-    s_out = [
-        None if (align_corners and size == 1) else _slope(size, align_corners)
-        for size in (out_width, out_height, out_depth)
-    ]
-    return s_in, s_out, 0.0 if align_corners else 0.5
+    if align_corners:
+        s_in = [(width - 1) * 0.5, (height - 1) * 0.5, (depth - 1) * 0.5]
+        s_out = [None if size == 1 else (size - 1) * 0.5 for size in (out_width, out_height, out_depth)]
+        return s_in, s_out, 0.0
+    return [width * 0.5, height * 0.5, depth * 0.5], [out_width * 0.5, out_height * 0.5, out_depth * 0.5], 0.5
 
 
 def voxel_matrix(theta, in_sizes, out_sizes, align_corners: bool):
@@ -72,19 +103,24 @@ def voxel_matrix(theta, in_sizes, out_sizes, align_corners: bool):
 
     ``theta`` (N, 3, 4) float64 (NumPy or torch); ``in_sizes`` and ``out_sizes`` (D, H, W).
     """
-    s_in, s_out, shift = _axes(in_sizes, out_sizes, align_corners)
-    zero = theta[:, 0, 0] * 0.0
-    rows = []
+    return _per_matrix(_voxel_rows, theta, *_axes(in_sizes, out_sizes, align_corners))
+
+
+def _voxel_rows(theta, s_in, s_out, shift):
+    zero = theta[0][0] * 0.0
+    rows = [None] * 3
     for i in range(3):
-        columns = [zero if s_out[j] is None else (s_in[i] * theta[:, i, j]) / s_out[j] for j in range(3)]
-        inner = theta[:, i, 3] + 1.0
+        entries = theta[i]
+        columns = [zero, zero, zero]
+        inner = entries[3] + 1.0
         shifted = zero
         for j in range(3):
             if s_out[j] is not None:
-                inner = inner - theta[:, i, j]
+                columns[j] = (s_in[i] * entries[j]) / s_out[j]
+                inner = inner - entries[j]
                 shifted = shifted + columns[j] * shift
-        rows.append(_stack([*columns, (shifted + s_in[i] * inner) - shift], 1))
-    return _stack(rows, 1)
+        rows[i] = [*columns, (shifted + s_in[i] * inner) - shift]
+    return rows
 
 
 def theta_from_voxel_matrix(matrix, in_sizes, out_sizes, align_corners: bool):
@@ -95,23 +131,28 @@ def theta_from_voxel_matrix(matrix, in_sizes, out_sizes, align_corners: bool):
     align_corners) is dropped (it multiplies 0), as is a row of an input axis that every
     position maps to index 0 (one voxel with align_corners).
     """
-    s_in, s_out, shift = _axes(in_sizes, out_sizes, align_corners)
-    zero = matrix[:, 0, 0] * 0.0
-    rows = []
+    return _per_matrix(_theta_rows, matrix, *_axes(in_sizes, out_sizes, align_corners))
+
+
+def _theta_rows(matrix, s_in, s_out, shift):
+    zero = matrix[0][0] * 0.0
+    rows = [None] * 3
     for i in range(3):
         if s_in[i] == 0.0:
-            rows.append(_stack([zero] * 4, 1))
+            rows[i] = [zero] * 4
             continue
-        columns = [zero if s_out[j] is None else matrix[:, i, j] * s_out[j] / s_in[i] for j in range(3)]
-        offset = matrix[:, i, 3] + shift
+        entries = matrix[i]
+        columns = [zero, zero, zero]
+        offset = entries[3] + shift
         for j in range(3):
             if s_out[j] is not None:
-                offset = offset - matrix[:, i, j] * shift
+                columns[j] = entries[j] * s_out[j] / s_in[i]
+                offset = offset - entries[j] * shift
         offset = offset / s_in[i] - 1.0
         for j in range(3):
             offset = offset + columns[j]
-        rows.append(_stack([*columns, offset], 1))
-    return _stack(rows, 1)
+        rows[i] = [*columns, offset]
+    return rows
 
 
 def matrix_gradient(row_moments, batch: int, out_sizes):
@@ -120,50 +161,68 @@ def matrix_gradient(row_moments, batch: int, out_sizes):
     A row's moments are ``sum_w g_i`` and ``sum_w g_i * w`` (i = x, y, z), ``g`` the gradient
     with respect to the point's position; ``G[i, j]`` sums ``g_i * (w, h, d, 1)[j]`` over all
     points. Sums over the rows in a fixed order (NumPy's, or torch's on one device).
+
+    NumPy's twelve sums run as one reduction over the rows of the twelve terms, each term's
+    rows contiguous: the same pairwise sums, in the same order, as twelve reductions of its
+    own (``tests/test_affine.py`` holds the two to the same bits).
     """
     out_depth, out_height, _ = out_sizes
     moments = row_moments.reshape(batch, out_depth, out_height, 6)
-    h = _range(out_height, moments).reshape(1, 1, out_height)
-    d = _range(out_depth, moments).reshape(1, out_depth, 1)
+    if isinstance(moments, np.ndarray):
+        h, d = _row_indices(out_depth, out_height)
+        terms = np.empty((batch, 12, out_depth, out_height))
+        for i in range(3):
+            sums = moments[..., i]
+            terms[:, 4 * i] = moments[..., 3 + i]
+            terms[:, 4 * i + 1] = sums * h
+            terms[:, 4 * i + 2] = sums * d
+            terms[:, 4 * i + 3] = sums
+        return np.add.reduce(terms, axis=(2, 3)).reshape(batch, 3, 4)
+    h = torch.arange(out_height, dtype=torch.float64, device=moments.device).reshape(1, 1, out_height)
+    d = torch.arange(out_depth, dtype=torch.float64, device=moments.device).reshape(1, out_depth, 1)
     rows = []
     for i in range(3):
         sums, weighted = moments[..., i], moments[..., 3 + i]
         rows.append(
-            _stack(
-                [
-                    weighted.sum(axis=(1, 2)),
-                    (sums * h).sum(axis=(1, 2)),
-                    (sums * d).sum(axis=(1, 2)),
-                    sums.sum(axis=(1, 2)),
-                ],
-                1,
-            )
+            [weighted.sum(axis=(1, 2)), (sums * h).sum(axis=(1, 2)), (sums * d).sum(axis=(1, 2)), sums.sum(axis=(1, 2))]
         )
-    return _stack(rows, 1)
+    return torch.stack([torch.stack(row, dim=1) for row in rows], dim=1)
 
 
-def _range(count: int, like):
-    """0.0, 1.0, ..., count - 1 in float64, as an array of ``like``'s kind (and device)."""
-    if isinstance(like, np.ndarray):
-        return np.arange(count, dtype=np.float64)
-    return torch.arange(count, dtype=torch.float64, device=like.device)
+def _row_indices(out_depth: int, out_height: int) -> tuple:
+    """(h (1, 1, Ho), d (1, Do, 1)): each output row's h and d, float64, kept by sizes."""
+    key = (out_depth, out_height)
+    try:
+        return _ROW_INDICES[key]
+    except KeyError:
+        if len(_ROW_INDICES) >= 64:
+            _ROW_INDICES.clear()
+        h = np.arange(out_height, dtype=np.float64)[None, None, :]
+        d = np.arange(out_depth, dtype=np.float64)[None, :, None]
+        _ROW_INDICES[key] = h, d
+        return h, d
+
+
+_ROW_INDICES: dict = {}
 
 
 def theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners: bool):
     """dL/dtheta (N, 3, 4), float64, from ``G`` (:func:`matrix_gradient`)."""
-    s_in, s_out, shift = _axes(in_sizes, out_sizes, align_corners)
-    zero = matrix_grad[:, 0, 0] * 0.0
-    rows = []
+    return _per_matrix(_theta_gradient_rows, matrix_grad, *_axes(in_sizes, out_sizes, align_corners))
+
+
+def _theta_gradient_rows(matrix_grad, s_in, s_out, shift):
+    zero = matrix_grad[0][0] * 0.0
+    rows = [None] * 3
     for i in range(3):
-        constant = matrix_grad[:, i, 3]
-        columns = [
-            zero
-            if s_out[j] is None
-            else (s_in[i] / s_out[j]) * matrix_grad[:, i, j] + (s_in[i] * (shift / s_out[j] - 1.0)) * constant
-            for j in range(3)
-        ]
-        rows.append(_stack([*columns, s_in[i] * constant], 1))
-    return _stack(rows, 1)
+        entries = matrix_grad[i]
+        constant = entries[3]
+        columns = [zero, zero, zero]
+        for j in range(3):
+            if s_out[j] is not None:
+                columns[j] = (s_in[i] / s_out[j]) * entries[j] + (s_in[i] * (shift / s_out[j] - 1.0)) * constant
+        rows[i] = [*columns, s_in[i] * constant]
+    return rows
 
 
 def explicit_grid(theta: torch.Tensor, out_sizes, align_corners: bool, in_sizes=None, displacement=None):

@@ -1,4 +1,4 @@
-"""Public functions: validate, normalise, dispatch, return.
+"""The operators (aclnn style: a forward and a backward per kind of field, NumPy arrays or tensors) and ``explain``.
 
 Shapes (NCDHW / NDHWC):
 
@@ -10,27 +10,21 @@ The fused warp samples at identity + a displacement in voxels, with no grid:
 
     volume, dvolume                (N, C, D, H, W)  /  (N, D, H, W, C)
     displacement, ddisplacement    (N, 3, D, H, W)  /  (N, D, H, W, 3)  ((dz, dy, dx) in voxels)
+
+Each operator is three steps: :func:`.call.parse_options` and :func:`.call.parse_call` (every
+parse and check, once), :func:`.backends.forward` or :func:`.backends.backward` (the engine),
+and :func:`.call.restore_output` or :func:`.call.restore_gradients` (the caller's layouts,
+NumPy arrays for NumPy operands, the operator's order of outputs).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from .affine import explicit_grid
-from .backends import select_backend
-from .layout import from_ncdhw, memory_format_of, to_ncdhw
-from .modes import DisplacementFormat, parse_data_format, parse_displacement_format, parse_output_mask
-from .sampling import Field, FieldKind, Gradients, Outputs, Sampling
-from .validate import (
-    check_affine,
-    check_affine_backward,
-    check_backward,
-    check_deterministic,
-    check_forward,
-    check_warp,
-    check_warp_backward,
-)
+from . import backends, validate
+from .call import parse_call, parse_options, restore_gradients, restore_output
+from .problem import Stage
+from .sampling import FieldKind
 
 __all__ = [
     "affine_warp3d",
@@ -43,98 +37,16 @@ __all__ = [
 ]
 
 
-def _like_caller(tensor, reference_operand):
-    """Return ``tensor`` as the same kind (NumPy array or torch tensor) as the caller's operand."""
-    if tensor is None or isinstance(reference_operand, torch.Tensor):
-        return tensor
-    return np.ascontiguousarray(tensor.numpy())
+def _forward(call):
+    return restore_output(call, backends.forward(call.engine, call.x, call.field, call.options.sampling))
 
 
-def sample(x: torch.Tensor, field: Field, sampling: Sampling, backend: str = "auto") -> torch.Tensor:
-    """The forward of checked operands, for every kind of field: ``x`` (N, C, D, H, W), logical NCDHW, sampled at
-    ``field`` by the backend named ``backend`` -> (N, C, Do, Ho, Wo), laid out like ``x``.
-
-    An affine field whose theta is not finite samples at :func:`.affine.explicit_grid` (the
-    grid ``F.affine_grid`` builds), so that NaN and infinity land as that path places them.
-    """
-    engine = select_backend(backend, x.device)
-    if x.numel() == 0 or field.points == 0:
-        out_shape = tuple(x.shape[:2]) + field.out_sizes
-        return torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
-    if field.kind.affine and not _finite(field.theta):
-        return engine.forward(x, _explicit(field, x, sampling), sampling)
-    return engine.forward(x, field, sampling)
-
-
-def sample_backward(
-    grad: torch.Tensor,
-    x: torch.Tensor,
-    field: Field,
-    sampling: Sampling,
-    outputs: Outputs,
-    *,
-    backend: str = "auto",
-    deterministic: bool | None = None,
-) -> Gradients:
-    """The backward of checked operands, for every kind of field, on logical NCDHW tensors: what
-    :func:`grid_sampler3d_backward`, :func:`warp3d_backward` and :func:`affine_warp3d_backward` run after their
-    checks.
-
-    Autograd's backward calls it directly: its forward checked the operands, and autograd
-    gives grad the output's shape and dtype. Returns :class:`.sampling.Gradients` (dx, the
-    field tensor's, theta's) as the engine lays them out (:class:`.backends.Backend`); None
-    where ``outputs`` leaves one out or the field has none.
-    """
-    engine = select_backend(backend, x.device)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    outputs = Outputs(outputs.dx, outputs.dfield and field.tensor is not None, outputs.dtheta and field.kind.affine)
-    if not any(outputs):
-        return Gradients()
-    if grad.numel() == 0 or x.numel() == 0:
-        return Gradients(
-            torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None,
-            torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None,
-            torch.zeros_like(field.theta) if outputs.dtheta else None,
-        )
-    if field.kind.affine and not _finite(field.theta):
-        return _explicit_backward(engine, grad, x, field, sampling, outputs, deterministic)
-    return engine.backward(grad, x, field, sampling, outputs, deterministic)
-
-
-def _finite(theta: torch.Tensor) -> bool:
-    return bool(torch.isfinite(theta).all())
-
-
-def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:
-    """The grid of an affine field (:func:`.affine.explicit_grid`), for a theta that is not finite."""
-    return Field.grid(
-        explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]), field.tensor)
+def _backward(call):
+    options = call.options
+    gradients = backends.backward(
+        call.engine, call.grad, call.x, call.field, options.sampling, call.outputs, options.deterministic
     )
-
-
-def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, outputs: Outputs, deterministic: bool):
-    """The backward through the explicit grid (for a theta that is not finite): the grid's gradient by the engine,
-    then theta's and the displacement's by autograd through :func:`.affine.explicit_grid`."""
-    leaves = [field.theta.detach().requires_grad_(outputs.dtheta)]
-    if field.tensor is not None:
-        leaves.append(field.tensor.detach().requires_grad_(outputs.dfield))
-    with torch.enable_grad():
-        grid = _explicit(
-            Field.affine(leaves[0], field.out_sizes, leaves[1] if len(leaves) > 1 else None), x, sampling
-        ).tensor
-    dx, dgrid, _ = engine.backward(
-        grad,
-        x,
-        Field.grid(grid.detach()),
-        sampling,
-        Outputs(outputs.dx, outputs.dtheta or outputs.dfield),
-        deterministic,
-    )
-    wanted = [leaf for leaf in leaves if leaf.requires_grad]
-    found = dict(zip(map(id, wanted), torch.autograd.grad(grid, wanted, dgrid))) if wanted else {}
-    dfield = found.get(id(leaves[-1])) if field.tensor is not None and outputs.dfield else None
-    return Gradients(dx, dfield, found.get(id(leaves[0])))
+    return restore_gradients(call, gradients)
 
 
 def grid_sampler3d(
@@ -164,12 +76,8 @@ def grid_sampler3d(
         The sampled volume, (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C), of the kind, dtype,
         device and layout of ``input``.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    data_format = parse_data_format(data_format)
-    caller_input = input
-    input, grid = check_forward(input, grid, data_format)
-    y = sample(to_ncdhw(input, data_format), Field.grid(grid), sampling, backend)
-    return _like_caller(from_ncdhw(y, data_format), caller_input)
+    options = parse_options(interpolation_mode, padding_mode, align_corners, data_format=data_format, backend=backend)
+    return _forward(parse_call(FieldKind.GRID, options, input, grid=grid, where="grid_sampler3d"))
 
 
 def grid_sampler3d_backward(
@@ -203,40 +111,25 @@ def grid_sampler3d_backward(
         All operands share one dtype and device; torch tensors in, torch tensors out,
         NumPy arrays in, NumPy arrays out.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    outputs = Outputs(*parse_output_mask(output_mask))
-    data_format = parse_data_format(data_format)
-    deterministic = check_deterministic(deterministic)
-    caller_input, caller_grid = input, grid
-    grad, input, grid = check_backward(grad, input, grid, data_format)
-    dx, dgrid, _ = sample_backward(
-        to_ncdhw(grad, data_format),
-        to_ncdhw(input, data_format),
-        Field.grid(grid),
-        sampling,
-        outputs,
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
         backend=backend,
         deterministic=deterministic,
     )
-    if dx is not None:
-        dx = _like_caller(from_ncdhw(dx, data_format), caller_input)
-    return dx, _like_caller(dgrid, caller_grid)
-
-
-def displacement_field(displacement: torch.Tensor, displacement_format: DisplacementFormat) -> Field:
-    """The :class:`.sampling.Field` of a displacement given in ``displacement_format``: a zero-copy logical
-    (N, 3, D, H, W) view."""
-    if displacement_format == DisplacementFormat.NDHW3:
-        displacement = displacement.permute(0, 4, 1, 2, 3)
-    return Field.displacement(displacement)
-
-
-def _displacement_from_n3dhw(tensor: torch.Tensor, displacement_format: DisplacementFormat) -> torch.Tensor:
-    """A logical (N, 3, D, H, W) result (laid out like the displacement) back in ``displacement_format``:
-    NDHW3 comes back contiguous, free since the engines write it channels-last."""
-    if displacement_format == DisplacementFormat.NDHW3:
-        return tensor.permute(0, 2, 3, 4, 1).contiguous()
-    return tensor
+    call = parse_call(
+        FieldKind.GRID,
+        options,
+        input,
+        grid=grid,
+        grad=grad,
+        output_mask=output_mask,
+        backward=True,
+        where="grid_sampler3d_backward",
+    )
+    return _backward(call)
 
 
 def warp3d(
@@ -271,13 +164,15 @@ def warp3d(
     Returns:
         The warped volume, shaped, typed and laid out like ``volume``.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    data_format = parse_data_format(data_format)
-    displacement_format = parse_displacement_format(displacement_format)
-    caller_volume = volume
-    volume, displacement = check_warp(volume, displacement, data_format, displacement_format)
-    y = sample(to_ncdhw(volume, data_format), displacement_field(displacement, displacement_format), sampling, backend)
-    return _like_caller(from_ncdhw(y, data_format), caller_volume)
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
+        displacement_format=displacement_format,
+        backend=backend,
+    )
+    return _forward(parse_call(FieldKind.DISPLACEMENT, options, volume, displacement=displacement, where="warp3d"))
 
 
 def warp3d_backward(
@@ -310,35 +205,26 @@ def warp3d_backward(
         d position / d displacement is 1: ddisplacement is the gradient with respect to the
         voxel position, through padding (nearest: zero).
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    outputs = Outputs(*parse_output_mask(output_mask, "dvolume, ddisplacement"))
-    data_format = parse_data_format(data_format)
-    displacement_format = parse_displacement_format(displacement_format)
-    deterministic = check_deterministic(deterministic)
-    caller_volume, caller_displacement = volume, displacement
-    grad, volume, displacement = check_warp_backward(grad, volume, displacement, data_format, displacement_format)
-    dx, dfield, _ = sample_backward(
-        to_ncdhw(grad, data_format),
-        to_ncdhw(volume, data_format),
-        displacement_field(displacement, displacement_format),
-        sampling,
-        outputs,
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
+        displacement_format=displacement_format,
         backend=backend,
         deterministic=deterministic,
     )
-    if dx is not None:
-        dx = _like_caller(from_ncdhw(dx, data_format), caller_volume)
-    if dfield is not None:
-        dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), caller_displacement)
-    return dx, dfield
-
-
-def affine_field(theta: torch.Tensor, size, displacement, displacement_format: DisplacementFormat) -> Field:
-    """The :class:`.sampling.Field` of an affine sampling: theta (N, 3, 4), the output size (Do, Ho, Wo), and a
-    displacement (or None) given in ``displacement_format``, as a logical (N, 3, Do, Ho, Wo) view."""
-    if displacement is None:
-        return Field.affine(theta, size)
-    return Field.affine(theta, size, displacement_field(displacement, displacement_format).tensor)
+    call = parse_call(
+        FieldKind.DISPLACEMENT,
+        options,
+        volume,
+        displacement=displacement,
+        grad=grad,
+        output_mask=output_mask,
+        backward=True,
+        where="warp3d_backward",
+    )
+    return _backward(call)
 
 
 def affine_warp3d(
@@ -375,16 +261,18 @@ def affine_warp3d(
     Returns:
         (N, C, Do, Ho, Wo), or (N, Do, Ho, Wo, C) for NDHWC, of the volume's kind, dtype and device.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    data_format = parse_data_format(data_format)
-    displacement_format = parse_displacement_format(displacement_format)
-    caller_volume = volume
-    volume, theta, size, displacement = check_affine(
-        volume, theta, size, displacement, data_format, displacement_format
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
+        displacement_format=displacement_format,
+        backend=backend,
     )
-    field = affine_field(theta, size, displacement, displacement_format)
-    y = sample(to_ncdhw(volume, data_format), field, sampling, backend)
-    return _like_caller(from_ncdhw(y, data_format), caller_volume)
+    call = parse_call(
+        FieldKind.AFFINE, options, volume, theta=theta, size=size, displacement=displacement, where="affine_warp3d"
+    )
+    return _forward(call)
 
 
 def affine_warp3d_backward(
@@ -416,30 +304,41 @@ def affine_warp3d_backward(
     Returns:
         ``(dvolume, dtheta, ddisplacement)``, shaped and laid out like volume, theta and the displacement.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    want_dx, want_dtheta, want_ddisplacement = parse_output_mask(output_mask, "dvolume, dtheta, ddisplacement")
-    data_format = parse_data_format(data_format)
-    displacement_format = parse_displacement_format(displacement_format)
-    deterministic = check_deterministic(deterministic)
-    callers = (volume, theta, displacement)
-    grad, volume, theta, size, displacement = check_affine_backward(
-        grad, volume, theta, size, displacement, data_format, displacement_format
-    )
-    field = affine_field(theta, size, displacement, displacement_format)
-    dx, dfield, dtheta = sample_backward(
-        to_ncdhw(grad, data_format),
-        to_ncdhw(volume, data_format),
-        field,
-        sampling,
-        Outputs(want_dx, want_ddisplacement, want_dtheta),
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
+        displacement_format=displacement_format,
         backend=backend,
         deterministic=deterministic,
     )
-    if dx is not None:
-        dx = _like_caller(from_ncdhw(dx, data_format), callers[0])
-    if dfield is not None:
-        dfield = _like_caller(_displacement_from_n3dhw(dfield, displacement_format), callers[2])
-    return dx, _like_caller(dtheta, callers[1]), dfield
+    call = parse_call(
+        FieldKind.AFFINE,
+        options,
+        volume,
+        theta=theta,
+        size=size,
+        displacement=displacement,
+        grad=grad,
+        output_mask=output_mask,
+        backward=True,
+        where="affine_warp3d_backward",
+    )
+    return _backward(call)
+
+
+_FIELD_KINDS = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
+
+
+def _parse_field_kind(value) -> FieldKind:
+    """ "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
+    field with a displacement too)."""
+    if isinstance(value, FieldKind):
+        return FieldKind.AFFINE if value.affine else value
+    if not isinstance(value, str) or value.strip().lower() not in _FIELD_KINDS:
+        raise ValueError(f"field_kind must be one of {', '.join(map(repr, _FIELD_KINDS))}; got {value!r}")
+    return _FIELD_KINDS[value.strip().lower()]
 
 
 def explain(
@@ -464,7 +363,7 @@ def explain(
     ``field_kind="displacement"``, the fused warp's displacement (N, 3, D, H, W)
     (:func:`warp3d`); with ``field_kind="affine"``, theta (N, 3, 4), with ``size`` and an
     optional ``displacement`` (N, 3, Do, Ho, Wo) (:func:`affine_warp3d`; ``output_mask`` is
-    then (dvolume, dtheta, ddisplacement)).
+    then (dvolume, dtheta, ddisplacement), or a pair (dvolume, dtheta) with ddisplacement asked for).
 
     CPU tensors get the CPU engine's plan (:mod:`gridsampler3d.cpu.planner`): it depends on
     the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where it
@@ -479,71 +378,45 @@ def explain(
     Returns:
         A frozen plan record; ``str(plan)`` reads as one line.
     """
-    sampling = Sampling.parse(interpolation_mode, padding_mode, align_corners)
-    data_format = parse_data_format(data_format)
     kind = _parse_field_kind(field_kind)
-    grad, x, field, outputs = _explained_call(kind, input, field, grad, output_mask, data_format, size, displacement)
-    device = torch.device(device) if device is not None else x.device
-    if device.type == "cuda":
+    options = parse_options(
+        interpolation_mode, padding_mode, align_corners, data_format=data_format, deterministic=deterministic
+    )
+    if kind.affine and grad is not None and _length(output_mask) == 2:
+        output_mask = (*output_mask, True)
+    operands = (
+        {"theta": field, "size": size, "displacement": displacement} if kind.affine else {kind.name.lower(): field}
+    )
+    call = parse_call(kind, options, input, grad=grad, output_mask=output_mask, runs=False, where="explain", **operands)
+    target = call.x.device if device is None else validate.check_device(device)
+    stage = Stage.FORWARD if grad is None else Stage.BACKWARD
+    if target.type == "cuda":
         from .gpu.engine import plan_call as plan_gpu_call
 
-        deterministic = torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
-        return plan_gpu_call(
-            x, field, sampling, grad=grad, outputs=outputs, deterministic=bool(deterministic), device=device
+        deterministic = (
+            torch.are_deterministic_algorithms_enabled() if options.deterministic is None else options.deterministic
         )
-    if device.type != "cpu" or x.device.type != "cpu":
+        return plan_gpu_call(
+            stage,
+            call.x,
+            call.field,
+            options.sampling,
+            outputs=call.outputs,
+            deterministic=deterministic,
+            device=target,
+        )
+    if target.type != "cpu" or call.x.device.type != "cpu":
         raise ValueError(
             f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
-            f"{x.device} and device={device}"
+            f"{call.x.device} and device={target}"
         )
     from .cpu.engine import plan_call
-    from .cpu.planner import Stage
 
-    stage = Stage.FORWARD if grad is None else Stage.BACKWARD
-    return plan_call(stage, x, field, sampling, grad=grad, outputs=outputs)
+    return plan_call(stage, call.x, call.field, options.sampling, grad=call.grad, outputs=call.outputs)
 
 
-def _explained_call(kind: FieldKind, input, field, grad, output_mask, data_format, size, displacement):
-    """(grad, x, the :class:`.sampling.Field`, the outputs asked for) of a call :func:`explain` describes, checked as
-    the call checks them; grad and x in logical NCDHW order, grad None for a forward."""
-    if kind.affine:
-        mask = parse_output_mask(
-            output_mask if len(tuple(output_mask)) == 3 else (*output_mask, True), "dvolume, dtheta, ddisplacement"
-        )
-        if grad is None:
-            input, field, size, displacement = check_affine(
-                input, field, size, displacement, data_format, DisplacementFormat.N3DHW
-            )
-        else:
-            grad, input, field, size, displacement = check_affine_backward(
-                grad, input, field, size, displacement, data_format, DisplacementFormat.N3DHW
-            )
-        outputs, checked = Outputs(mask[0], mask[2], mask[1]), Field.affine(field, size, displacement)
-    else:
-        outputs = Outputs(*parse_output_mask(output_mask))
-        if kind == FieldKind.DISPLACEMENT:
-            checked = (
-                check_warp(input, field, data_format, DisplacementFormat.N3DHW)
-                if grad is None
-                else check_warp_backward(grad, input, field, data_format, DisplacementFormat.N3DHW)
-            )
-        else:
-            checked = (
-                check_forward(input, field, data_format)
-                if grad is None
-                else check_backward(grad, input, field, data_format)
-            )
-        grad, input, field_tensor = (None, *checked) if grad is None else checked
-        checked = Field(kind, field_tensor)
-    return (None if grad is None else to_ncdhw(grad, data_format)), to_ncdhw(input, data_format), checked, outputs
-
-
-def _parse_field_kind(value) -> FieldKind:
-    """ "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
-    field with a displacement too)."""
-    if isinstance(value, FieldKind):
-        return value
-    names = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
-    if not isinstance(value, str) or value.strip().lower() not in names:
-        raise ValueError(f"field_kind must be one of {', '.join(map(repr, names))}; got {value!r}")
-    return names[value.strip().lower()]
+def _length(value) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None

@@ -1,4 +1,6 @@
-"""Backend registry: which engine runs a call, and the contract every engine keeps (:class:`Backend`).
+"""Backend registry: which engine runs a call, the contract every engine keeps (:class:`Backend`), and the dispatch
+of a checked call to it (:func:`forward`, :func:`backward`: empty calls, and the explicit path of a theta that is
+not finite).
 
 A backend receives torch tensors already validated and in logical NCDHW order (an NDHWC
 operand arrives as a permuted, channels-last strided view; nothing is copied on the way),
@@ -16,6 +18,7 @@ from typing import Protocol
 import torch
 
 from . import reference
+from .affine import explicit_grid
 from .layout import memory_format_of
 from .rounding import round_once
 from .sampling import Field, Gradients, Outputs, Sampling
@@ -27,6 +30,8 @@ __all__ = [
     "select_backend",
     "describe_backends",
     "auto_choices",
+    "backward",
+    "forward",
     "cpu_engine",
     "library_versions",
     "ReferenceBackend",
@@ -63,7 +68,8 @@ class Backend(Protocol):
         leaves one out.
 
         ``grad`` is (N, C, Do, Ho, Wo); ``deterministic`` asks for the same bits on every run
-        (the CPU engines always give them).
+        (the CPU engines always give them), None for torch's flag
+        (``torch.are_deterministic_algorithms_enabled()``).
         """
 
 
@@ -189,21 +195,16 @@ def _warn_slow_fallback(device: torch.device, passed_over) -> None:
 
 
 def select_backend(name: str, device: torch.device):
-    """The backend object for ``name`` ("auto" or a registered name) on ``device``.
+    """The backend object for ``name`` ("auto" or a registered name, :func:`.validate.check_backend`) on ``device``.
 
     "auto" takes the first engine of the device type's preference order that runs here; when
     none does and only the (slow) reference is left, it warns once per device type, naming the remedy.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"backend must be a str; got {type(name).__name__} {name!r}")
     if name == "auto":
         backend, passed_over = _auto_backend(device)
         if backend is BACKENDS["reference"]:
             _warn_slow_fallback(device, passed_over)
         return backend
-    if name not in BACKENDS:
-        known = ", ".join(repr(key) for key in ("auto", *BACKENDS))
-        raise ValueError(f"backend must be one of {known}; got {name!r}")
     backend = BACKENDS[name]
     reason = backend.unavailable_reason()
     if reason is not None:
@@ -211,6 +212,82 @@ def select_backend(name: str, device: torch.device):
     if not backend.supports(device):
         raise RuntimeError(f"backend {name!r} does not run on device {device}")
     return backend
+
+
+def forward(engine: Backend, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
+    """The forward of a checked call (:func:`.call.parse_call`), for every kind of field: ``x`` (N, C, D, H, W),
+    logical NCDHW, sampled at ``field`` by ``engine`` -> (N, C, Do, Ho, Wo), laid out like ``x``.
+
+    An affine field whose theta is not finite samples at :func:`.affine.explicit_grid` (the
+    grid ``F.affine_grid`` builds), so that NaN and infinity land as that path places them.
+    """
+    if 0 in x.shape or 0 in field.out_sizes:
+        out_shape = tuple(x.shape[:2]) + tuple(field.out_sizes)
+        return torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
+    if field.theta is not None and not _finite(field):
+        return engine.forward(x, _explicit(field, x, sampling), sampling)
+    return engine.forward(x, field, sampling)
+
+
+def backward(
+    engine: Backend,
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    field: Field,
+    sampling: Sampling,
+    outputs: Outputs,
+    deterministic: bool | None = None,
+) -> Gradients:
+    """The backward of a checked call, for every kind of field, on logical NCDHW tensors: :class:`.sampling.Gradients`
+    (dx, the field tensor's, theta's) as the engine lays them out (:class:`Backend`), None where ``outputs`` (which
+    names only gradients the field has) leaves one out. ``deterministic`` None follows torch's flag (read by the
+    engine that has a choice)."""
+    if not (outputs.dx or outputs.dfield or outputs.dtheta):
+        return Gradients()
+    if 0 in grad.shape or 0 in x.shape:
+        return Gradients(
+            torch.zeros_like(x, memory_format=memory_format_of(x)) if outputs.dx else None,
+            torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None,
+            torch.zeros_like(field.theta) if outputs.dtheta else None,
+        )
+    if field.theta is not None and not _finite(field):
+        return _explicit_backward(engine, grad, x, field, sampling, outputs, deterministic)
+    return engine.backward(grad, x, field, sampling, outputs, deterministic)
+
+
+def _finite(field: Field) -> bool:
+    """Whether the field's theta is finite (kept in ``field.derived``)."""
+    derived = field.derived
+    if "finite theta" not in derived:
+        derived["finite theta"] = bool(torch.isfinite(field.theta).all())
+    return derived["finite theta"]
+
+
+def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:
+    """The grid of an affine field (:func:`.affine.explicit_grid`), for a theta that is not finite."""
+    return Field.grid(
+        explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]), field.tensor)
+    )
+
+
+def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, outputs: Outputs, deterministic: bool):
+    """The backward through the explicit grid (for a theta that is not finite): the grid's gradient by the engine,
+    then theta's and the displacement's by autograd through :func:`.affine.explicit_grid`."""
+    theta = field.theta.detach().requires_grad_(outputs.dtheta)
+    displacement = None if field.tensor is None else field.tensor.detach().requires_grad_(outputs.dfield)
+    with torch.enable_grad():
+        grid = _explicit(Field.affine(theta, field.out_sizes, displacement), x, sampling).tensor
+    dx, dgrid, _ = engine.backward(
+        grad,
+        x,
+        Field.grid(grid.detach()),
+        sampling,
+        Outputs(outputs.dx, outputs.dtheta or outputs.dfield),
+        deterministic,
+    )
+    wanted = [leaf for leaf in (theta, displacement) if leaf is not None and leaf.requires_grad]
+    found = dict(zip(map(id, wanted), torch.autograd.grad(grid, wanted, dgrid))) if wanted else {}
+    return Gradients(dx, found.get(id(displacement)), found.get(id(theta)))
 
 
 def available_backends() -> list[str]:

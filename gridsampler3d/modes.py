@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
+
 __all__ = [
     "Interpolation",
     "Padding",
@@ -61,11 +63,14 @@ _LOWER_NAMES = {
 
 
 def _parse_enum(value, enum_type, what: str):
-    if isinstance(value, enum_type):  # first: the engines' own calls pass members
+    # The common cases first, by exact type (no call): a member (the engines' own calls), a lower-case name.
+    if type(value) is enum_type:
         return value
     lower_names = _LOWER_NAMES[enum_type]
-    if isinstance(value, str) and value in lower_names:  # the common spelling, at no cost
+    if type(value) is str and value in lower_names:
         return lower_names[value]
+    if isinstance(value, enum_type):
+        return value
     if type(value) is int and value in enum_type._value2member_map_:  # an aclnn code (the custom ops pass these)
         return enum_type(value)
     names = ", ".join(f"{member.name.lower()!r} or {member.value}" for member in enum_type)
@@ -86,10 +91,12 @@ def _parse_enum(value, enum_type, what: str):
 
 def _parse_format(value, format_type, what: str):
     """A layout name (case-insensitive str) or a member of ``format_type`` → that member."""
+    if type(value) is format_type:
+        return value
+    if type(value) is str and value in format_type._value2member_map_:  # the common spelling, at no cost
+        return format_type._value2member_map_[value]
     if isinstance(value, format_type):
         return value
-    if isinstance(value, str) and value in format_type._value2member_map_:  # the common spelling, at no cost
-        return format_type._value2member_map_[value]
     names = " or ".join(repr(member.value) for member in format_type)
     if not isinstance(value, str):
         raise TypeError(f"{what} must be the str {names}; got {type(value).__name__} {value!r}")
@@ -101,8 +108,9 @@ def _parse_format(value, format_type, what: str):
 
 def _is_numpy_scalar(value, kinds: str) -> bool:
     """Whether ``value`` is a NumPy scalar (or 0-d array) of a dtype kind in ``kinds``: np.int64(1) is as good
-    as 1 here, np.bool_(True) as True."""
-    return hasattr(value, "dtype") and getattr(value, "shape", None) == () and value.dtype.kind in kinds
+    as 1 here, np.bool_(True) as True. A torch tensor is none (its dtype has no kind): attributes are Python or
+    NumPy values."""
+    return isinstance(value, (np.generic, np.ndarray)) and value.shape == () and value.dtype.kind in kinds
 
 
 def parse_interpolation(value) -> Interpolation:
@@ -131,6 +139,8 @@ def _is_bool(value) -> bool:
 
 def parse_align_corners(value) -> bool:
     """A Python or NumPy bool → ``bool``; anything else is a ``TypeError``."""
+    if value is True or value is False:
+        return value
     if not _is_bool(value):
         raise TypeError(f"align_corners must be a bool; got {type(value).__name__} {value!r}")
     return bool(value)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .affine import theta_from_voxel_matrix
-from .torch_affine import affine_warp
+from .nn import affine_warp
 
 __all__ = ["Affine", "RandAffine", "theta_from_monai"]
 

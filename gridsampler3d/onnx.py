@@ -4,7 +4,7 @@
 ``torch.onnx.export(model, args, path, opset_version=20)`` works unchanged for a model built
 on this library, with the default (dynamo) exporter and with ``dynamo=False``. No ONNX
 runtime knows this library's custom ops, so while an ONNX export traces the model the
-public functions of ``torch_ops`` call the composites below instead, made of
+differentiable functions (:func:`.autograd.sample`) call the composites below instead, made of
 ``torch.nn.functional.grid_sample``, which both exporters translate to the standard ONNX
 GridSample (opset 20, the first whose GridSample takes 5-D input):
 
@@ -31,9 +31,9 @@ from torch import Tensor
 from . import torch_hooks
 from .affine import explicit_grid_steps
 from .modes import Interpolation, Padding
-from .sampling import Field, Sampling
+from .sampling import Field, FieldKind, Sampling
 
-__all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "warp"]
+__all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "sample", "warp"]
 
 MIN_OPSET = 20  # GridSample before opset 20 samples 4-D input only
 
@@ -73,6 +73,15 @@ def _refuse_what_onnx_cannot_express(interpolation: Interpolation, what: str) ->
             f"opset {MIN_OPSET} samples 4-D input only); got opset_version={opset}. Export with "
             f"opset_version={MIN_OPSET}."
         )
+
+
+def sample(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
+    """volume (N, C, D, H, W) sampled at ``field`` -> (N, C, Do, Ho, Wo), as the composite of the field's kind."""
+    if field.kind == FieldKind.GRID:
+        return grid_sample(volume, field.tensor, sampling)
+    if field.kind == FieldKind.DISPLACEMENT:
+        return warp(volume, field.tensor, sampling)
+    return affine_warp(volume, field, sampling)
 
 
 def grid_sample(input: Tensor, grid: Tensor, sampling: Sampling) -> Tensor:

@@ -29,8 +29,8 @@ _torch_grid_sample = None
 
 def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
     """``F.grid_sample`` that also takes 5-D bicubic (tricubic) input."""
-    if mode == "bicubic" and input.dim() == 5:
-        from .torch_ops import grid_sample
+    if mode == "bicubic" and isinstance(input, torch.Tensor) and input.dim() == 5:
+        from .nn import grid_sample
 
         return grid_sample(input, grid, mode, padding_mode, bool(align_corners))
     return _torch_grid_sample(input, grid, mode, padding_mode, align_corners)

@@ -4,7 +4,7 @@ The whole test suite passes on torch 2.9.1 and 2.13.0. The custom ops
 (``torch.library.custom_op`` with ``register_fake`` and ``register_autograd``) first
 appeared in 2.4, but releases before 2.9 fail elsewhere: their schema inference, Dynamo and
 ``torch.export`` reject what the custom ops and the ONNX path do. An older torch would fail
-deep inside ``torch_ops``, so the version is checked before anything else.
+deep inside ``autograd``, so the version is checked before anything else.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["HALF_DTYPES", "ROUNDER", "round_once"]
+from .dtypes import HALF_DTYPES
 
-# The half-precision dtypes: computed in float32 or better, their sums rounded once.
-HALF_DTYPES = (torch.float16, torch.bfloat16)
+__all__ = ["ROUNDER", "round_once"]
 
 # 1.5 * 2**52: (x + ROUNDER) - ROUNDER is float64 x rounded to the nearest integer, ties to
 # even (C nearbyint, nearest mode's rule), for |x| < 2**51, which every index is once out

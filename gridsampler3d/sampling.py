@@ -48,20 +48,17 @@ class FieldKind(enum.IntEnum):
     AFFINE = 2  # an affine theta (N, 3, 4), as F.affine_grid takes it
     AFFINE_DISPLACEMENT = 3  # an affine theta, plus a displacement in voxels from its position
 
-    @property
-    def in_voxels(self) -> bool:
-        """Whether the positions are voxel indices (slope 1) rather than normalised coordinates."""
-        return self != FieldKind.GRID
+    # Each member's facts, set below as plain attributes (read on every call, by every layer):
+    in_voxels: bool  # the positions are voxel indices (slope 1) rather than normalised coordinates
+    affine: bool  # the field has an affine theta
+    displaced: bool  # the field's tensor is a displacement (N, 3, Do, Ho, Wo)
 
-    @property
-    def affine(self) -> bool:
-        """Whether the field has an affine theta."""
-        return self in (FieldKind.AFFINE, FieldKind.AFFINE_DISPLACEMENT)
 
-    @property
-    def displaced(self) -> bool:
-        """Whether the field's tensor is a displacement (N, 3, Do, Ho, Wo)."""
-        return self in (FieldKind.DISPLACEMENT, FieldKind.AFFINE_DISPLACEMENT)
+for _kind in FieldKind:
+    _kind.in_voxels = _kind != FieldKind.GRID
+    _kind.affine = _kind in (FieldKind.AFFINE, FieldKind.AFFINE_DISPLACEMENT)
+    _kind.displaced = _kind in (FieldKind.DISPLACEMENT, FieldKind.AFFINE_DISPLACEMENT)
+del _kind
 
 
 class Sampling(NamedTuple):
@@ -106,49 +103,55 @@ class Gradients(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Field:
-    """The positions a call samples at: their kind and the tensor that holds them, in the engines' layout.
+    """The positions a call samples at: their kind, the tensors that hold them, in the engines' layout, and the
+    output's sizes.
 
     ``tensor`` is a logical view (any strides, nothing copied): a grid (N, Do, Ho, Wo, 3) or a
     displacement (N, 3, Do, Ho, Wo) (see the module's table), None for an affine field
     without a displacement. The engines read it through :meth:`point_strides` and write its
-    gradient in :meth:`gradient_format`. ``theta`` (N, 3, 4) is an affine field's, ``size``
-    its output's (Do, Ho, Wo) where no tensor gives them.
+    gradient in :meth:`gradient_format`. ``theta`` (N, 3, 4) is an affine field's.
+    ``out_sizes`` is the output's (Do, Ho, Wo), ``parameters`` the numbers a kind of field
+    may carry beside its tensors (none of today's kinds has any): together with ``kind``
+    they are what the custom ops take besides the tensors (:mod:`.autograd`).
+
+    ``derived`` keeps what the engines derive from the record's tensors (an affine field's
+    voxel matrix, whether theta is finite), so that a forward and its backward, which share
+    the record, derive it once. Its entries are keyed by what else they depend on.
     """
 
     kind: FieldKind
     tensor: torch.Tensor | None
-    theta: torch.Tensor | None = None
-    size: tuple | None = None
+    theta: torch.Tensor | None
+    out_sizes: tuple
+    parameters: tuple = ()
+    derived: dict = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def grid(cls, grid: torch.Tensor) -> Field:
-        return cls(FieldKind.GRID, grid)
+        """A grid's field: ``grid`` (N, Do, Ho, Wo, 3)."""
+        return cls(FieldKind.GRID, grid, None, tuple(grid.shape[1:4]))
 
     @classmethod
     def displacement(cls, displacement: torch.Tensor) -> Field:
-        return cls(FieldKind.DISPLACEMENT, displacement)
+        """A displacement's field: ``displacement`` (N, 3, D, H, W), a logical view."""
+        return cls(FieldKind.DISPLACEMENT, displacement, None, tuple(displacement.shape[2:]))
 
     @classmethod
     def affine(cls, theta: torch.Tensor, size, displacement: torch.Tensor | None = None) -> Field:
         """An affine field: ``theta`` (N, 3, 4), output ``size`` (Do, Ho, Wo), and an optional displacement
         (N, 3, Do, Ho, Wo) added to the affine's position."""
-        if displacement is None:
-            return cls(FieldKind.AFFINE, None, theta, tuple(size))
-        return cls(FieldKind.AFFINE_DISPLACEMENT, displacement, theta, tuple(size))
+        kind = FieldKind.AFFINE if displacement is None else FieldKind.AFFINE_DISPLACEMENT
+        return cls(kind, displacement, theta, tuple(size))
 
     @property
-    def out_sizes(self) -> tuple[int, int, int]:
-        """The output's (Do, Ho, Wo)."""
-        if self.kind == FieldKind.AFFINE:
-            return self.size
-        shape = self.tensor.shape
-        return tuple(shape[2:]) if self.kind.displaced else tuple(shape[1:4])
+    def batch(self) -> int:
+        """N."""
+        return (self.theta if self.tensor is None else self.tensor).shape[0]
 
     @property
     def points(self) -> int:
         """N * Do * Ho * Wo: how many points the field gives."""
-        batch = (self.theta if self.tensor is None else self.tensor).shape[0]
-        return batch * math.prod(self.out_sizes)
+        return self.batch * math.prod(self.out_sizes)
 
     def point_strides(self, strides=None) -> tuple[int, ...]:
         """The field's element strides in point order (n, d, h, w, component), components in the kind's own order.

@@ -11,9 +11,12 @@ Each hook, the private API it reads, what for, and what happens where it is miss
 
 - :func:`functorch_wrapped`: ``torch._C._functorch.is_functorch_wrapped_tensor``, so that
   vmap / grad tensors take the custom ops; where missing, every call takes the custom ops.
-- :func:`dispatch_mode_active`: ``torch.utils._python_dispatch._get_current_dispatch_mode``,
-  so that tensors under a dispatch mode take the custom ops; where missing, every call
-  takes the custom ops.
+  ``torch._C._are_functorch_transforms_active`` first, which ``autograd.Function`` asks
+  too: outside a transform no tensor is asked about; where missing, every tensor is.
+- :func:`dispatch_mode_active`: ``torch._C._len_torch_dispatch_stack`` (what
+  ``torch.utils._python_dispatch._get_current_dispatch_mode`` reads), so that tensors under
+  a dispatch mode take the custom ops; where missing, every call takes the custom ops.
+
 - :func:`remove_library`: ``torch.library.Library._destroy``, so that ``unpatch_torch``
   removes the override; where missing, ``unpatch_torch`` raises, naming the remedy.
 - :func:`onnx_export_in_progress`: the exporters' flags (``torch.onnx._internal``), so that
@@ -70,7 +73,8 @@ def _lookup(module_name: str, *names: str):
 
 
 _is_functorch_wrapped = _lookup("torch._C._functorch", "is_functorch_wrapped_tensor")
-_current_dispatch_mode = _lookup("torch.utils._python_dispatch", "_get_current_dispatch_mode")
+_functorch_active = _lookup("torch._C", "_are_functorch_transforms_active")
+_dispatch_stack_depth = _lookup("torch._C", "_len_torch_dispatch_stack")
 _library_destroy = getattr(torch.library.Library, "_destroy", None)
 # The dynamo exporter's flag, and the TorchScript exporter's globals: their home since torch
 # 2.9, or the one before.
@@ -98,8 +102,8 @@ def _module_exists(module_name: str) -> bool:
 
 #: Each hook and whether this torch has what it reads.
 HOOKS = {
-    "functorch_wrapped": _is_functorch_wrapped is not None,
-    "dispatch_mode_active": _current_dispatch_mode is not None,
+    "functorch_wrapped": _is_functorch_wrapped is not None and _functorch_active is not None,
+    "dispatch_mode_active": _dispatch_stack_depth is not None,
     "remove_library": _library_destroy is not None,
     "onnx_export_in_progress": _dynamo_flags is not None or _torchscript_globals is not None,
     "requested_opset": _torchscript_globals is not None or _module_exists(_EXPORT_ENTRY[0]),
@@ -121,12 +125,20 @@ if missing_hooks():
     )
 
 
-def functorch_wrapped(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is wrapped by a functorch transform (``vmap``, ``grad``): such calls take the custom ops.
+def functorch_wrapped(*tensors: torch.Tensor) -> bool:
+    """Whether any of ``tensors`` (None ones aside) is wrapped by a functorch transform (``vmap``, ``grad``): such
+    calls take the custom ops. Outside a transform none is (one test for all).
 
     Without the private test, every tensor counts as wrapped: correct, and slower.
     """
-    return True if _is_functorch_wrapped is None else _is_functorch_wrapped(tensor)
+    if _is_functorch_wrapped is None or _functorch_active is None:
+        return True
+    if not _functorch_active():
+        return False
+    for tensor in tensors:
+        if tensor is not None and _is_functorch_wrapped(tensor):
+            return True
+    return False
 
 
 def dispatch_mode_active() -> bool:
@@ -134,7 +146,7 @@ def dispatch_mode_active() -> bool:
 
     Without the private read, a mode counts as active: correct, and slower.
     """
-    return True if _current_dispatch_mode is None else _current_dispatch_mode() is not None
+    return True if _dispatch_stack_depth is None else _dispatch_stack_depth() > 0
 
 
 def remove_library(library: torch.library.Library) -> None:

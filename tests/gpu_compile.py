@@ -56,7 +56,6 @@ from gridsampler3d.gpu.launch import (
     field_operand,
     fusion,
     kernel_rule,
-    points_of,
     sizes_of,  # noqa: E402
     volume_operand,
 )
@@ -198,13 +197,13 @@ def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs
 
 
 def sorted_points(call: Call) -> SortedRecords:
-    return SortedRecords(pointer("fp64"), pointer("i64"), points_of(call.x, call.field))
+    return SortedRecords(pointer("fp64"), pointer("i64"), call.field.points)
 
 
 def bucket_keys(label, layout, dtype, sampling: Sampling):
     """gathered._sorted_records's first kernel."""
     call = make_call(layout)
-    args = (points(call.field, dtype), pointer("i32"), points_of(call.x, call.field), sizes_of(call.x, call.field))
+    args = (points(call.field, dtype), pointer("i32"), call.field.points, sizes_of(call.x, call.field))
     return case(
         label, backward.bucket_keys_kernel, args, dict(RULE=kernel_rule(sampling, call.field.kind)), Tile(block_w=256)
     )
@@ -268,7 +267,7 @@ def tricubic_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
         volume(call.x, dtype),
         points(call.field, dtype),
         volume(call.y(), dtype),
-        points_of(call.x, call.field),
+        call.field.points,
         sizes_of(call.x, call.field),
     )
     return case(
@@ -284,7 +283,7 @@ def tricubic_backward(
     args = (
         *walk_args(call, dtype, outputs, dtype),
         moments(call, outputs, dtype, tile),
-        points_of(call.x, call.field),
+        call.field.points,
         sizes_of(call.x, call.field),
     )
     constexprs = dict(RULE=kernel_rule(sampling, call.field.kind), ACC=acc, OUTPUTS=constexpr_members(outputs))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
+from pathlib import Path
 
 import torch
 
 import gridsampler3d as gs
 from gridsampler3d import composite, precision
-from gridsampler3d.bench.runner import plumbed_warp
 from gridsampler3d.sampling import Field, Sampling
+from gridsampler3d.tools.bench.runner import plumbed_warp
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_IDS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
@@ -256,3 +258,12 @@ def cancelling_channels_last_case():
     grad[0, 0, 1, 0, 2] = 3.5403290866876416e16
     grid = torch.full((1, 1, 2, 4, 3), 1.100000023841858)
     return grad, x, grid
+
+
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the scripts beside the package are not installed)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

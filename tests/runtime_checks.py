@@ -135,8 +135,8 @@ def check_plain() -> None:
 
     import gridsampler3d as gs
     from gridsampler3d import precision
-    from gridsampler3d.cli import main
     from gridsampler3d.cpu import jit
+    from gridsampler3d.tools.cli import main
 
     assert jit.plain(), "the plain path was asked for"
     for mode, padding, align_corners, data_format in PLAIN_CASES:

@@ -281,7 +281,7 @@ def test_errors_name_the_operand_and_change_nothing():
         gs.affine_warp(volume, theta, (4, 4))
     with pytest.raises(ValueError, match=r"displacement"):
         gs.affine_warp(volume, theta, (4, 4, 4), displacement=torch.zeros(2, 3, 4, 4, 5))
-    with pytest.raises(ValueError, match=r"grad's shape must be the output's"):
+    with pytest.raises(ValueError, match=r"grad's spatial sizes \(Do, Ho, Wo\) must equal the output size \(6, 5, 7\)"):
         gs.affine_warp3d_backward(torch.zeros(2, 3, 6, 5, 6), volume, theta)
     with pytest.raises(TypeError, match=r"output_mask"):
         gs.affine_warp3d_backward(volume, volume, theta, output_mask=(True, True))
@@ -316,8 +316,13 @@ def test_torch_compile_export_and_opcheck():
     compiled_grads = torch.autograd.grad(compiled(*leaves), leaves)
     for eager, compiled_grad in zip(eager_grads, compiled_grads):
         assert torch.equal(eager, compiled_grad)
-    operands = (volume.detach(), theta.detach(), displacement.detach(), list(out_size), 0, 0, False)
-    torch.library.opcheck(torch.ops.gridsampler3d.affine_warp3d, operands)
+    kind = int(FieldKind.AFFINE_DISPLACEMENT)
+    operands = (volume.detach(), displacement.detach(), theta.detach(), kind, list(out_size), [], 0, 0, False)
+    torch.library.opcheck(torch.ops.gridsampler3d.sample, operands)
+    grad = torch.randn(1, 2, *out_size, dtype=volume.dtype)
+    torch.library.opcheck(torch.ops.gridsampler3d.sample_backward, (grad, *operands, [True, True, True]))
+    without = (volume.detach(), None, theta.detach(), int(FieldKind.AFFINE), list(out_size), [], 1, 1, True)
+    torch.library.opcheck(torch.ops.gridsampler3d.sample_backward, (grad, *without, [True, False, True]))
     module = gs.AffineWarp3d(size=out_size, padding_mode="border")
     exported = torch.export.export(module, (volume.detach(), theta.detach()))
     assert torch.equal(exported.module()(volume.detach(), theta.detach()), module(volume.detach(), theta.detach()))

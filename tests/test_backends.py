@@ -14,7 +14,7 @@ import torch
 
 import gridsampler3d as gs
 from gridsampler3d import backends
-from gridsampler3d.cli import main
+from gridsampler3d.tools.cli import main
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
 ENGINE_FILES = sorted((PACKAGE / "cpu").glob("*.py")) + sorted((PACKAGE / "gpu").glob("*.py"))
@@ -23,7 +23,9 @@ ABOVE_THE_ENGINES = {
     "gridsampler3d",
     "gridsampler3d.backends",
     "gridsampler3d.api",
-    "gridsampler3d.torch_ops",
+    "gridsampler3d.autograd",
+    "gridsampler3d.call",
+    "gridsampler3d.nn",
     "gridsampler3d.patch",
 }
 

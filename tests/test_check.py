@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from gridsampler3d.backends import BACKENDS
-from gridsampler3d.cli import main
-from gridsampler3d.commands.check import run_check
+from gridsampler3d.tools.cli import main
+from gridsampler3d.tools.commands.check import run_check
 
 BACKENDS_HERE = ["reference", "numba"]
 

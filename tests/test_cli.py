@@ -10,7 +10,7 @@ from helpers import make_case
 
 import gridsampler3d as gs
 from gridsampler3d import precision
-from gridsampler3d.cli import build_parser, main
+from gridsampler3d.tools.cli import build_parser, main
 
 
 def test_run_default_case_writes_outputs(tmp_path, capsys):
@@ -82,11 +82,11 @@ def test_run_errors_are_one_line(tmp_path, monkeypatch, capsys, arguments, messa
 
 
 def test_a_run_error_in_its_own_process_is_one_line(tmp_path):
-    """`python -m gridsampler3d.cli`: the exit status and stderr a shell sees."""
+    """`python -m gridsampler3d.tools.cli`: the exit status and stderr a shell sees."""
     arguments, message = RUN_ERRORS[3]
     np.save(tmp_path / "x.npy", np.zeros((1, 1, 2, 2, 2)))
     result = subprocess.run(
-        [sys.executable, "-m", "gridsampler3d.cli", "run", *arguments, "--out", "o"],
+        [sys.executable, "-m", "gridsampler3d.tools.cli", "run", *arguments, "--out", "o"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

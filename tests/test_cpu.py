@@ -14,16 +14,17 @@ import torch
 from helpers import MATRIX, assert_backward_matches, cancelling_channels_last_case, make_case, matrix_id
 
 import gridsampler3d as gs
-from gridsampler3d import inputs, precision
+from gridsampler3d import precision
 from gridsampler3d.cpu import engine
 from gridsampler3d.cpu.backward import BackwardOperands, backward_kernel
 from gridsampler3d.cpu.forward import forward_kernel
 from gridsampler3d.cpu.jit import gathers_in_use, outlined_helper, part_kernel, plain
 from gridsampler3d.cpu.planner import _rows_per_long_row
-from gridsampler3d.cpu.records import Carry, Geometry, Operand, RowRanges, coordinate_rule
+from gridsampler3d.cpu.records import Carry, Geometry, Operand, RowRanges, kernel_rule
 from gridsampler3d.cpu.slabs import depth_ranges, looks_coherent, plan_slabs, row_parts
 from gridsampler3d.rounding import round_once
 from gridsampler3d.sampling import Field, FieldKind, Outputs, Sampling
+from gridsampler3d.tools import inputs
 
 # The voxel matrix the engine hands the kernels for a field without theta (empty).
 NO_MATRIX = engine._NO_MATRIX
@@ -352,14 +353,21 @@ def test_kernels_are_given_their_records_as_plain_tuples(threads, monkeypatch):
     from conftest import DEFAULT_PARALLEL_VALUES
 
     from gridsampler3d.cpu import tuning
-    from gridsampler3d.cpu.records import Operand, unnamed
+    from gridsampler3d.cpu.records import unnamed
 
     operand = Operand(np.zeros(2), (1, 1, 1, 1, 1))
-    fields = len(BackwardOperands._fields)
-    arguments = (BackwardOperands(*[operand] * fields), Geometry(1, 2, (3, 4, 5), (6, 7, 8)), np.zeros(3), 4, (1, 2))
+    matrix, moments = np.zeros(12), np.zeros(6)
+    arguments = (
+        BackwardOperands(*[operand] * 5, matrix, moments),
+        Geometry(1, 2, (3, 4, 5), (6, 7, 8)),
+        np.zeros(3),
+        4,
+        (1, 2),
+    )
     plain = unnamed(arguments)
     assert [type(argument) for argument in plain] == [tuple, tuple, np.ndarray, int, tuple]
-    assert all(type(field) is tuple and field[0] is operand.array for field in plain[0])  # a record in a record
+    assert all(type(field) is tuple and field[0] is operand.data for field in plain[0][:5])  # a record in a record
+    assert plain[0][5] is matrix and plain[0][6] is moments  # arrays in a record pass as they are
     assert plain[1] == (1, 2, (3, 4, 5), (6, 7, 8)) and plain[2] is arguments[2] and plain[4] is arguments[4]
     grad, x, grid = make_case(2, 3, (6, 7, 8), (5, 6, 9), torch.float32)
     threads(2)
@@ -462,7 +470,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         grid_operand,
         NO_MATRIX,
         geometry,
-        coordinate_rule(sampling, FieldKind.GRID),
+        kernel_rule(sampling, FieldKind.GRID),
         (1, True),
         RowRanges(row_first, row_last),
         slabs,
@@ -475,7 +483,7 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
         grid_operand,
         NO_MATRIX,
         geometry,
-        coordinate_rule(sampling, FieldKind.GRID),
+        kernel_rule(sampling, FieldKind.GRID),
         (3, True),
         RowRanges(scanned_first, scanned_last),
         2,
@@ -503,8 +511,8 @@ def test_every_output_element_is_written_and_any_split_is_exact(attributes, slab
             grid_operand,
             engine.operand(dx),
             engine.operand(dgrid),
-            Operand(NO_MATRIX, (12,)),
-            Operand(np.zeros(0), (6,)),  # no moments: not an affine field
+            NO_MATRIX,
+            np.zeros(0),  # no moments: not an affine field
         )
         for work, want_dx, want_dgrid in passes:
             unresolved = np.full(len(work), -1, np.int64)  # each part sets its flag

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from gridsampler3d.cli import main
-from gridsampler3d.commands.demo import run_demo
+from gridsampler3d.tools.cli import main
+from gridsampler3d.tools.commands.demo import run_demo
 
 pytest.importorskip("matplotlib")
 

@@ -389,8 +389,8 @@ def _masked(line: str) -> str:
 def _backends_lines(monkeypatch, capsys) -> set[str]:
     """The "CPU engine:" line `gridsampler3d backends` prints, for each path (hooked with either kind of load, plain)
     and each route of the parts."""
-    from gridsampler3d import cli
     from gridsampler3d.cpu import jit, numba_hooks, pool
+    from gridsampler3d.tools import cli
 
     lines = set()
     for hooks, reason, gathers in (
@@ -426,7 +426,7 @@ def test_the_plans_in_cpu_md_are_what_explain_gives():
     import torch
 
     import gridsampler3d as gs
-    from gridsampler3d.bench.suite import build_inputs, select_cases
+    from gridsampler3d.tools.bench.suite import build_inputs, select_cases
 
     block = DOCS["docs/cpu.md"].split("rand64's and\nfeat48's backward at two threads", 1)[1].split("```")[1]
     shown = [line.strip() for line in re.sub(r"\n  ", " ", block.strip()).splitlines()]
@@ -449,7 +449,7 @@ def test_the_golden_kit_verdict_is_what_compare_prints(tmp_path, capsys):
     import numpy as np
 
     import gridsampler3d as gs
-    from gridsampler3d import cli
+    from gridsampler3d.tools import cli
 
     text = DOCS["docs/golden-kit.md"]
     shown = next(block for block in text.split("```")[1::2] if "verdict: PASS" in block).strip()
@@ -473,7 +473,7 @@ def test_the_golden_kit_case_json_is_what_the_kit_writes(tmp_path):
     """docs/golden-kit.md's case.json is case 009's, the folder name it gives as an example."""
     import json
 
-    from gridsampler3d import golden_kit
+    from gridsampler3d.tools import golden_kit
 
     text = DOCS["docs/golden-kit.md"]
     shown = next(block for block in text.split("```")[1::2] if block.lstrip().startswith('{"dtype"'))
@@ -483,15 +483,16 @@ def test_the_golden_kit_case_json_is_what_the_kit_writes(tmp_path):
     assert json.loads(shown) == json.loads((folder / "case.json").read_text())
 
 
-def test_the_readme_speed_table_is_what_bench_makes_of_benchmarks_md():
-    """The block between the README's speed-table markers is what `gridsampler3d bench --readme` writes for the run
-    BENCHMARKS.md holds."""
-    from gridsampler3d import bench
+def test_the_readme_speed_table_is_what_publish_makes_of_benchmarks_md():
+    """The block between the README's speed-table markers is what `benchmarks/publish.py --readme` writes for the
+    run BENCHMARKS.md holds."""
+    from helpers import benchmark_script
 
-    made = bench.format_readme_table(bench.read_document((ROOT / "BENCHMARKS.md").read_text()))
+    publish = benchmark_script("publish")
+    made = publish.format_readme_table(publish.read_document((ROOT / "BENCHMARKS.md").read_text()))
     readme = DOCS["README.md"]
     assert made in readme, "README.md's speed table differs from the one made from BENCHMARKS.md:\n" + made
-    assert bench.replace_readme_table(readme, made) == readme
+    assert publish.replace_readme_table(readme, made) == readme
 
 
 def test_the_readme_lists_every_public_name():
@@ -524,7 +525,7 @@ def test_the_command_lines_the_docs_show_parse():
     is accepted by the command line's parser."""
     import shlex
 
-    from gridsampler3d import cli
+    from gridsampler3d.tools import cli
 
     refused, parsed = [], set()
     for page, text in DOCS.items():
@@ -542,7 +543,7 @@ def test_the_command_lines_the_docs_show_parse():
 
 
 def test_the_benchmark_suite_in_semantics_md_is_the_registry():
-    from gridsampler3d.bench.suite import BICUBIC_SUITE, SUITE, WARP_SUITE
+    from gridsampler3d.tools.bench.suite import BICUBIC_SUITE, SUITE, WARP_SUITE
 
     section = DOCS["docs/semantics.md"].split("\n## The benchmark suite\n", 1)[1]
     assert f"measured on {len(SUITE)} cases" in " ".join(section.split())

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import golden_kit, precision, reference
-from gridsampler3d.cli import build_parser, main
-from gridsampler3d.golden_kit import CASE_SET, read_array, read_case, write_array
+from gridsampler3d import precision, reference
+from gridsampler3d.dtypes import DTYPES
 from gridsampler3d.modes import Interpolation, Padding
-from gridsampler3d.validate import DTYPES
+from gridsampler3d.tools import golden_kit
+from gridsampler3d.tools.cli import build_parser, main
+from gridsampler3d.tools.golden_kit import CASE_SET, read_array, read_case, write_array
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 FOLDERS = [golden_kit.folder_name(index, spec, dtype) for index, (spec, dtype) in enumerate(golden_kit.case_set())]

@@ -11,12 +11,12 @@ from gridsampler3d.gpu.planner import (
     BUCKET_CHUNK,
     TRICUBIC_CHUNK_ENTRIES,
     DxMethod,
-    FieldPass,
     GpuCall,
     Stage,
     make_plan,
 )
 from gridsampler3d.modes import Interpolation
+from gridsampler3d.problem import Gradient
 from gridsampler3d.sampling import FieldKind, Outputs, Sampling
 
 LARGE = (128, 128, 128)
@@ -55,7 +55,7 @@ def test_the_interpreter_takes_larger_programs_and_nothing_is_tuned():
 
 def test_the_fast_backward_adds_dx_by_atomics_in_the_walk():
     plan = make_plan(backward())
-    assert (plan.dx, plan.field_pass, plan.walk) == (DxMethod.ATOMIC, FieldPass.WALK, True)
+    assert (plan.dx, plan.passes.field, plan.walk) == (DxMethod.ATOMIC, Gradient.COMPUTED, True)
     assert plan.tuned and plan.dx_sums == "float32"
     # A channel vector's field gradient sums across lanes: its shape is not tuned, so that it is the same bits
     # in both modes and from run to run.
@@ -66,7 +66,7 @@ def test_the_fast_backward_adds_dx_by_atomics_in_the_walk():
 
 def test_the_deterministic_backward_gathers_dx_per_voxel():
     plan = make_plan(backward(deterministic=True))
-    assert (plan.dx, plan.field_pass, plan.chunk) == (DxMethod.GATHERED, FieldPass.WALK, BUCKET_CHUNK)
+    assert (plan.dx, plan.passes.field, plan.chunk) == (DxMethod.GATHERED, Gradient.COMPUTED, BUCKET_CHUNK)
     assert plan.gather_tile.block_w == 128 and plan.gather_tuned and not plan.tuned
     assert plan.gather_candidates[0] == plan.gather_tile
     # dx alone: no walk over the points at all
@@ -95,7 +95,7 @@ def test_float64_sums_the_field_gradient_channel_by_channel():
 
 def test_nearest_has_no_field_gradient_pass():
     plan = make_plan(backward(sampling=Sampling.parse("nearest"), deterministic=True))
-    assert plan.field_pass == FieldPass.ZEROS and not plan.walk and plan.dx == DxMethod.GATHERED
+    assert plan.passes.field == Gradient.ZEROS and not plan.walk and plan.dx == DxMethod.GATHERED
     assert make_plan(backward(sampling=Sampling.parse("nearest"))).walk  # the fast dx's atomics walk
 
 
@@ -161,7 +161,7 @@ def test_theta_gradient_walks_one_row_a_program_untuned():
                 deterministic=deterministic,
             )
         )
-        assert (plan.theta_pass, plan.field_pass, plan.walk) == (FieldPass.WALK, FieldPass.NONE, True)
+        assert (plan.passes.theta, plan.passes.field, plan.walk) == (Gradient.COMPUTED, Gradient.NONE, True)
         assert plan.tile.block_h == plan.tile.block_d == 1 and not plan.tuned
         assert "theta gradient from the walk's row moments, summed in float64" in str(plan)
     nearest = make_plan(
@@ -171,6 +171,32 @@ def test_theta_gradient_walks_one_row_a_program_untuned():
             outputs=Outputs(False, True, True),
         )
     )
-    assert (nearest.theta_pass, nearest.field_pass, nearest.walk) == (FieldPass.ZEROS, FieldPass.ZEROS, False)
+    assert (nearest.passes.theta, nearest.passes.field, nearest.walk) == (Gradient.ZEROS, Gradient.ZEROS, False)
     # a theta gradient asked of a field without theta is not made
-    assert make_plan(backward(outputs=Outputs(True, True, True))).theta_pass == FieldPass.NONE
+    assert make_plan(backward(outputs=Outputs(True, True, True))).passes.theta == Gradient.NONE
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(out_sizes=(64, 128, 128)),
+        dict(sizes=(128, 64, 128)),
+        dict(batch=4),
+        dict(channels=3),
+        dict(dtype="float16"),
+        dict(channels_adjacent=True),
+        dict(field=FieldKind.DISPLACEMENT),
+        dict(outputs=Outputs(True, False)),
+        dict(deterministic=True),
+        dict(sampling=Sampling.parse("bilinear", "border")),
+        dict(stage=Stage.FORWARD),
+    ],
+    ids=lambda change: ",".join(change),
+)
+def test_the_tuner_keys_its_choice_by_what_can_change_the_best_shape(change):
+    """A shape measured on one call is not reused for a call whose sizes, dtype, layout, kind of field, outputs,
+    determinism or modes differ (sizes by power-of-two buckets: a call of about the same sizes shares it)."""
+    call = backward()
+    assert make_plan(dataclasses.replace(call, **change)).tune_key != make_plan(call).tune_key
+    nearby = dataclasses.replace(call, out_sizes=(100, 127, 120), sizes=(120, 100, 128))
+    assert make_plan(nearby).tune_key == make_plan(call).tune_key

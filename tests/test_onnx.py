@@ -280,9 +280,9 @@ def test_outside_onnx_export_the_custom_ops_run():
     assert not gs_onnx.exporting()
     program = torch.export.export(model, (x, grid))
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
-    assert targets == {"gridsampler3d.grid_sampler3d.default"}
+    assert targets == {"gridsampler3d.sample.default"}
     traced = torch.jit.trace(model, (x, grid))
-    assert "gridsampler3d::grid_sampler3d" in str(traced.graph)
+    assert "gridsampler3d::sample" in str(traced.graph)
 
 
 class AffineRegistration(torch.nn.Module):

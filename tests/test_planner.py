@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import gridsampler3d as gs
-from gridsampler3d import inputs
-from gridsampler3d.bench.suite import SUITE, WARP_SUITE, build_inputs
 from gridsampler3d.cpu import executors, tuning
 from gridsampler3d.cpu.planner import Call, DxPass, GridPass, Stage, Strategy, facts_needed, make_plan
 from gridsampler3d.sampling import FieldKind, Outputs, Sampling
+from gridsampler3d.tools import inputs
+from gridsampler3d.tools.bench.suite import SUITE, WARP_SUITE, build_inputs
 
 # Enough output values to run on several threads (tuning.PARALLEL_VALUES), and planes that outgrow the cache on
 # one thread (tuning.SERIAL_ITEM_BYTES), even with one channel.

@@ -15,10 +15,10 @@ import torch
 from helpers import make_case
 
 import gridsampler3d as gs
-from gridsampler3d import inputs
 from gridsampler3d.cpu import pool
 from gridsampler3d.cpu.slabs import looks_coherent
 from gridsampler3d.sampling import Field, Sampling
+from gridsampler3d.tools import inputs
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")

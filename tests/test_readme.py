@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import pytest
 
-from gridsampler3d import cli
+from gridsampler3d.tools import cli
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -150,8 +150,8 @@ def test_the_required_numba_is_the_tested_range():
 
 
 def test_the_backends_command_names_the_path(capsys):
-    from gridsampler3d.cli import main
     from gridsampler3d.cpu import jit
+    from gridsampler3d.tools.cli import main
 
     assert main(["backends"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU engine: "))

@@ -8,7 +8,13 @@ from torch.library import opcheck
 
 import gridsampler3d as gs
 from gridsampler3d import patch as patching
-from gridsampler3d.torch_ops import grid_sampler3d_backward_op, grid_sampler3d_op
+from gridsampler3d.autograd import sample_backward_op, sample_op
+from gridsampler3d.sampling import FieldKind
+
+
+def _grid_op(x, grid, *attributes):
+    """The forward custom op on a grid: what traced and compiled calls of ``gs.grid_sample`` run."""
+    return sample_op(x, grid, None, int(FieldKind.GRID), list(grid.shape[1:4]), [], *attributes)
 
 
 def _leaves(data_format="NCDHW", seed=0):
@@ -48,9 +54,10 @@ def test_grid_sample_equals_torch(attributes):
 @pytest.mark.parametrize("output_mask", [[True, True], [True, False], [False, True]], ids=str)
 def test_opcheck(output_mask):
     grad, x, grid = make_case(1, 2, (3, 4, 5), (2, 3, 2), torch.float64)
-    opcheck(grid_sampler3d_op, (x, grid, 0, 2, True))
-    opcheck(grid_sampler3d_op, (x.contiguous(memory_format=torch.channels_last_3d), grid, 1, 1, False))
-    opcheck(grid_sampler3d_backward_op, (grad, x, grid, 0, 1, False, output_mask))
+    field = (grid, None, int(FieldKind.GRID), list(grid.shape[1:4]), [])
+    opcheck(sample_op, (x, *field, 0, 2, True))
+    opcheck(sample_op, (x.contiguous(memory_format=torch.channels_last_3d), *field, 1, 1, False))
+    opcheck(sample_backward_op, (grad, x, *field, 0, 1, False, [*output_mask, False]))
 
 
 def test_compile_fullgraph_has_no_graph_break():
@@ -74,14 +81,14 @@ def test_eager_calls_skip_the_custom_ops_and_traced_ones_keep_them(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from gridsampler3d import torch_ops
+    from gridsampler3d import autograd
 
     x, grid = _leaves()
-    assert type(gs.grid_sample(x, grid).grad_fn).__name__ == "EagerSampleBackward"
+    assert type(gs.grid_sample(x, grid).grad_fn).__name__ == "SampleBackward"
     with torch.no_grad():
-        assert torch.equal(gs.grid_sample(x, grid), grid_sampler3d_op(x, grid, 0, 0, False))
+        assert torch.equal(gs.grid_sample(x, grid), _grid_op(x, grid, 0, 0, False))
     calls = []
-    monkeypatch.setattr(torch_ops, "grid_sampler3d_op", lambda *args: calls.append(args) or grid_sampler3d_op(*args))
+    monkeypatch.setattr(autograd, "sample_op", lambda *args: calls.append(args) or sample_op(*args))
     with FlopCounterMode(display=False):
         gs.grid_sample(x, grid)
     with FakeTensorMode():
@@ -94,7 +101,7 @@ def test_second_derivatives_through_the_eager_route_match_the_custom_ops():
     results = []
     for run in (
         lambda a, b: gs.grid_sample(a, b, "bilinear", "border", True),
-        lambda a, b: grid_sampler3d_op(a, b, 0, 1, True),
+        lambda a, b: _grid_op(a, b, 0, 1, True),
     ):
         y = run(x, grid)
         grads = torch.autograd.grad(y.square().sum(), (x, grid), create_graph=True)
@@ -108,14 +115,14 @@ def test_only_the_gradient_asked_for_is_computed(needs, monkeypatch):
     x.requires_grad_(needs[0])
     grid.requires_grad_(needs[1])
     masks = []
-    original = gs.api.sample_backward
+    original = gs.backends.backward
 
-    def spy(grad, x, field, sampling, outputs, **kwargs):
+    def spy(engine, grad, x, field, sampling, outputs, *args):
         assert not outputs.dtheta  # a grid has no theta
         masks.append((outputs.dx, outputs.dfield))
-        return original(grad, x, field, sampling, outputs, **kwargs)
+        return original(engine, grad, x, field, sampling, outputs, *args)
 
-    monkeypatch.setattr(gs.api, "sample_backward", spy)
+    monkeypatch.setattr(gs.backends, "backward", spy)
     gs.grid_sample(x, grid).sum().backward()
     assert masks == [needs]
     assert (x.grad is not None) == needs[0] and (grid.grad is not None) == needs[1]
@@ -157,7 +164,7 @@ def test_warp3d_identity_and_shift():
 def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     x, grid = _leaves(seed=5)
     calls = []
-    for name in ("grid_sampler3d", "sample_backward"):
+    for name in ("grid_sampler3d", "grid_sampler3d_backward"):
         original = getattr(gs.api, name)
         monkeypatch.setattr(patching.api, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
 
@@ -170,7 +177,7 @@ def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     with gs.patched():
         assert gs.is_patched()
         during = run()
-        assert calls == ["grid_sampler3d", "sample_backward"]
+        assert calls == ["grid_sampler3d", "grid_sampler3d_backward"]
         image = torch.randn(1, 2, 4, 4, dtype=torch.float64)
         F.grid_sample(image, torch.zeros(1, 2, 2, 2, dtype=torch.float64), align_corners=False)  # 4-D: untouched
         assert len(calls) == 2

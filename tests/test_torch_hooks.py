@@ -82,7 +82,7 @@ def test_dispatch_mode_active_tells_a_dispatch_mode(monkeypatch):
         y = gs.grid_sample(x, grid)
     assert Counting.calls > 0  # the custom op went through the mode
     assert torch.equal(y, gs.grid_sample(x, grid))
-    monkeypatch.setattr(torch_hooks, "_current_dispatch_mode", None)
+    monkeypatch.setattr(torch_hooks, "_dispatch_stack_depth", None)
     assert torch_hooks.dispatch_mode_active()
 
 
@@ -90,7 +90,9 @@ def test_dispatch_mode_active_tells_a_dispatch_mode(monkeypatch):
 def test_remove_library_brings_pytorchs_kernels_back(monkeypatch):
     x, grid = _leaves()
     calls = []
-    monkeypatch.setattr(gs.api, "sample", lambda *args, _sample=gs.api.sample: calls.append(1) or _sample(*args))
+    monkeypatch.setattr(
+        gs.api, "grid_sampler3d", lambda *args, _run=gs.api.grid_sampler3d: calls.append(1) or _run(*args)
+    )
     with gs.patched():
         torch.nn.functional.grid_sample(x, grid, align_corners=False)
     assert calls == [1]

@@ -10,7 +10,8 @@ from helpers import DTYPE_IDS, competitor_warp, poisoned_allocations
 
 import gridsampler3d as gs
 from gridsampler3d import precision, reference
-from gridsampler3d.bench.runner import plumbed_grid
+from gridsampler3d.sampling import FieldKind
+from gridsampler3d.tools.bench.runner import plumbed_grid
 
 # The engine splits even these small calls into parts on its threads, as it splits a large one.
 pytestmark = pytest.mark.usefixtures("split_small_calls")
@@ -181,7 +182,7 @@ def test_errors_name_the_operand():
         gs.warp(volume, torch.zeros(2, 3, 6, 5, 7, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"displacement_format must be 'N3DHW' or 'NDHW3'"):
         gs.warp(volume, torch.zeros(2, 3, 6, 5, 7), displacement_format="NCDHW")
-    with pytest.raises(ValueError, match=r"grad's shape must equal volume's"):
+    with pytest.raises(ValueError, match=r"grad's spatial sizes \(Do, Ho, Wo\) must equal the volume's \(6, 5, 7\)"):
         gs.warp3d_backward(torch.zeros(2, 3, 6, 5, 6), volume, torch.zeros(2, 3, 6, 5, 7))
     with pytest.raises(TypeError, match=r"output_mask must be a pair of bools \(dvolume, ddisplacement\)"):
         gs.warp3d_backward(volume, volume, torch.zeros(2, 3, 6, 5, 7), output_mask=(True,))
@@ -253,10 +254,11 @@ def test_torch_compile_fullgraph_and_opcheck():
     compiled_grads = torch.autograd.grad(compiled(volume, displacement), (volume, displacement))
     for eager, compiled_grad in zip(eager_grads, compiled_grads):
         assert torch.equal(eager, compiled_grad)
-    torch.library.opcheck(torch.ops.gridsampler3d.warp3d, (volume.detach(), displacement.detach(), 0, 1, True))
+    field = (displacement.detach(), None, int(FieldKind.DISPLACEMENT), list(volume.shape[2:]), [])
+    torch.library.opcheck(torch.ops.gridsampler3d.sample, (volume.detach(), *field, 0, 1, True))
     torch.library.opcheck(
-        torch.ops.gridsampler3d.warp3d_backward,
-        (torch.randn_like(volume), volume.detach(), displacement.detach(), 0, 1, True, [True, True]),
+        torch.ops.gridsampler3d.sample_backward,
+        (torch.randn_like(volume), volume.detach(), *field, 0, 1, True, [True, True, False]),
     )
 
 

@@ -38,13 +38,13 @@ from .records import (
     Carry,
     CarryMode,
     Cells,
-    CoordinateRule,
     Geometry,
     Operand,
     Outputs,
     Points,
     RowRanges,
-    coordinate_rule,
+    Rule,
+    kernel_rule,
 )
 from .tuning import BLOCK, VECTOR_CHANNELS
 
@@ -119,7 +119,8 @@ def _part_scratch(scratch, part):
 
 
 class BackwardOperands(NamedTuple):
-    """The operands of a backward launch, each a :class:`.records.Operand`; an output not written is empty.
+    """The operands of a backward launch, each a :class:`.records.Operand`, an output not written empty; and two
+    flat float64 arrays read and written in order, without strides.
 
     ``matrix`` is an affine field's voxel matrix (N * 12), ``moments`` its gradient's per-row
     sums (6 per output row: sum_w g and sum_w g * w, per axis x, y, z, of the gradient g with
@@ -132,8 +133,8 @@ class BackwardOperands(NamedTuple):
     grid: Operand
     dx: Operand
     dgrid: Operand
-    matrix: Operand
-    moments: Operand
+    matrix: np.ndarray
+    moments: np.ndarray
 
 
 @helper
@@ -152,7 +153,7 @@ def zero_planes(dx, first, last, channels, sizes):
     for n in range(first // depth, (last + depth - 1) // depth):
         z_first, z_last = max(first - n * depth, 0), min(last - n * depth, depth)
         for run in range(runs if z_first < z_last else 0):
-            zero_elements(dx.array, n * n_stride + z_first * z_stride + run * c_stride, (z_last - z_first) * length)
+            zero_elements(dx.data, n * n_stride + z_first * z_stride + run * c_stride, (z_last - z_first) * length)
 
 
 @helper
@@ -264,7 +265,7 @@ def backward_kernel(
     paths.
     """
     # The records as the constants the kernel is compiled with.
-    interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
+    interpolation, padding, align_corners, field_code, forward, exact = kernel_rule(
         sampling, field, forward=False, exact_remainder=exact_remainder
     )
     nearest = interpolation == NEAREST
@@ -278,14 +279,14 @@ def backward_kernel(
             borrow(operands[2]),
             borrow(operands[3]),
             borrow(operands[4]),
-            borrow(operands[5]),
-            borrow(operands[6]),
+            borrowed(operands[5]),
+            borrowed(operands[6]),
         )
         geometry, outputs = Geometry(*geometry), Outputs(*outputs)
         work = _part_scratch(scratch, part)
         ranges, carried = RowRanges(borrowed(rows[0]), borrowed(rows[1])), Carry(borrowed(carry[0]), carry[1])
         unresolved = borrowed(unresolved_operand)
-        rule = CoordinateRule(interpolation, padding, align_corners, field_code, forward, exact)
+        rule = Rule(interpolation, padding, align_corners, field_code, forward, exact)
         planes = (parts[part, 0], parts[part, 1], parts[0, 2])  # this part's planes; the carry's first row
         work.zeroed[0], work.zeroed[1] = planes[0], planes[0]  # the run of this part's dx planes zeroed so far
         unresolved[part] = 0
@@ -300,7 +301,7 @@ def backward_kernel(
                     ops.grid.strides[4],
                     min(BLOCK, geometry.out_sizes[2] - start),
                 )
-                origin = row_origin(ops.matrix.array, field_code, n, at.h, at.d, start)
+                origin = row_origin(ops.matrix, field_code, n, at.h, at.d, start)
                 place = BlockPlace(
                     at.grad_at + start * ops.grad.strides[4],
                     at.dfield_at + start * ops.dgrid.strides[3],
@@ -319,7 +320,7 @@ def backward_kernel(
                         return
                     continue
                 if trilinear_cells(
-                    ops.grid.array, points, geometry.sizes, rule, origin, x_spatial, dx_spatial, work.cells, True
+                    ops.grid.data, points, geometry.sizes, rule, origin, x_spatial, dx_spatial, work.cells, True
                 ):
                     unresolved[part] = 1
                     return
@@ -410,7 +411,7 @@ def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
     n, z_lo, z_hi = place.n, place.z_lo, place.z_hi
     cells = work.cells
     dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
-    if nearest_cells(ops.grid.array, points, geometry.sizes, rule, origin, dx_spatial, cells):
+    if nearest_cells(ops.grid.data, points, geometry.sizes, rule, origin, dx_spatial, cells):
         return False
     if do_dx:
         slab_taps(points.count, cells.inside, cells.lowest, z_lo, z_hi, work.taps)
@@ -448,10 +449,10 @@ def _channels_last_gradient(ops, channels, count, place, work, sums):
         _pair_weights(count, work.cells.sides, work.pairs)
         _grid_gradient_channels_inner(
             count,
-            ops.grad.array,
+            ops.grad.data,
             place.grad_at,
             ops.grad.strides[4],
-            ops.x.array,
+            ops.x.data,
             x_batch,
             channels,
             work.cells.inside,
@@ -474,10 +475,10 @@ def _channels_last_scatter(ops, channels, count, place, work):
         dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
         _scatter_channels_inner(
             count,
-            ops.dx.array,
+            ops.dx.data,
             dx_batch,
             dx_spatial,
-            ops.grad.array,
+            ops.grad.data,
             place.grad_at,
             ops.grad.strides[4],
             channels,
@@ -542,17 +543,17 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
     )
     zeros = rule.padding == ZEROS
     if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
-        if ops.moments.array.size:
-            _add_moments(count, ops.moments.array, place, zeros, cells, sums)
-        if rule.field == AFFINE or not dgrid.array.size:
+        if ops.moments.size:
+            _add_moments(count, ops.moments, place, zeros, cells, sums)
+        if rule.field == AFFINE or not dgrid.data.size:
             return
     at, step, component = place.dfield_at, dgrid.strides[3], dgrid.strides[4]
     if rule.field != GRID and step == 1:
         # A displacement's components are three contiguous rows: stored through views,
         # each in a loop of its own, the stores vectorise (docs/cpu.md).
-        row_x = dgrid.array[at : at + count]
-        row_y = dgrid.array[at + component : at + component + count]
-        row_z = dgrid.array[at + 2 * component : at + 2 * component + count]
+        row_x = dgrid.data[at : at + count]
+        row_y = dgrid.data[at + component : at + component + count]
+        row_z = dgrid.data[at + 2 * component : at + 2 * component + count]
         for i in range(count):
             row_x[i] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
         for i in range(count):
@@ -562,9 +563,9 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
         return
     for i in range(count):
         point = at + i * step
-        dgrid.array[point] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
-        dgrid.array[point + component] = (slope_y if zeros else cells.my[i]) * grad_y[i]
-        dgrid.array[point + 2 * component] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
+        dgrid.data[point] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
+        dgrid.data[point + component] = (slope_y if zeros else cells.my[i]) * grad_y[i]
+        dgrid.data[point + 2 * component] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
 
 
 @helper
@@ -609,9 +610,9 @@ def _grid_gradient(count, grad, grad_at, x, x_batch, channels, cells, offsets, v
         # gathers) inside the loop below, they left LLVM's cost model keeping it scalar.
         for i in range(count):
             for tap in range(8):
-                values[slot(tap, i)] = float(x.array[unsigned(source + offsets[slot(tap, i)])])
+                values[slot(tap, i)] = float(x.data[unsigned(source + offsets[slot(tap, i)])])
         for i in range(count):
-            g = float(grad.array[at + i * grad.strides[4]])
+            g = float(grad.data[at + i * grad.strides[4]])
             sum_x, sum_y, sum_z = grad_x[i], grad_y[i], grad_z[i]
             for tap in range(8):
                 value = values[slot(tap, i)]
@@ -640,12 +641,12 @@ def _grid_gradient_separable(count, grad, grad_at, x, x_batch, channels, cells, 
     """
     grad_x, grad_y, grad_z = sums
     _pair_weights(count, cells.sides, pairs)
-    x_array = x.array
+    x_array = x.data
     for c in range(channels):
         source = x_batch + c * x.strides[1]
         at = grad_at + c * grad.strides[1]
         for i in range(count):
-            g = float(grad.array[at + i * grad.strides[4]])
+            g = float(grad.data[at + i * grad.strides[4]])
             bits = cells.inside[i]
             along_x = along_y = along_z = 0.0
             for edge in range(4):
@@ -768,7 +769,7 @@ def _scatter_nearest(count, dx, dx_batch, grad, grad_at, channels, dx_corner, ta
     """
     if channels >= VECTOR_CHANNELS and grad.strides[1] == 1 and dx.strides[1] == 1:
         _scatter_nearest_channels_inner(
-            count, dx.array, dx_batch, grad.array, grad_at, grad.strides[4], channels, dx_corner, taps
+            count, dx.data, dx_batch, grad.data, grad_at, grad.strides[4], channels, dx_corner, taps
         )
         return
     for c in range(channels):
@@ -776,7 +777,7 @@ def _scatter_nearest(count, dx, dx_batch, grad, grad_at, channels, dx_corner, ta
         source = grad_at + c * grad.strides[1]
         for i in range(count):
             if taps[i]:
-                dx.array[unsigned(target + dx_corner[i])] += grad.array[unsigned(source + i * grad.strides[4])]
+                dx.data[unsigned(target + dx_corner[i])] += grad.data[unsigned(source + i * grad.strides[4])]
 
 
 # The channels-last paths are called, not inlined: inlined beside the channel-outer loops
@@ -806,7 +807,7 @@ def _scatter(count, dx, dx_batch, grad, grad_at, channels, work):
     for i in range(count):
         for tap in range(8):
             weights[slot(tap, i)] = tap_weight(sides, tap, i)
-    dx_array, dx_spatial = dx.array, (dx.strides[2], dx.strides[3], dx.strides[4])
+    dx_array, dx_spatial = dx.data, (dx.strides[2], dx.strides[3], dx.strides[4])
     for c in range(channels):
         plane = dx_batch + c * dx.strides[1]
         at = grad_at + c * grad.strides[1]
@@ -814,7 +815,7 @@ def _scatter(count, dx, dx_batch, grad, grad_at, channels, work):
             bits = in_slab[i]
             if bits == 0:
                 continue
-            g = float(grad.array[at + i * grad.strides[4]])
+            g = float(grad.data[at + i * grad.strides[4]])
             target = plane + dx_corner[i]
             if bits == ALL_TAPS:
                 for tap in range(8):

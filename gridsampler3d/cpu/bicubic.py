@@ -13,7 +13,7 @@ the point's index is its identity position plus the displacement, slope 1.
 
 Each kernel is a part kernel run by :class:`.jit.Parallel`, with these operands: each
 tensor as an (array, strides) pair (:func:`.engine.operand`), ``geometry`` = (N, C, (D,
-H, W), (Do, Ho, Wo)) and ``rule`` the call's :class:`.records.CoordinateRule`. :data:`forward`
+H, W), (Do, Ho, Wo)) and ``rule`` the call's :class:`.records.Rule`. :data:`forward`
 and :data:`dgrid` take ``parts`` equal runs of output rows. :data:`dx` is
 owner-computes: ``parts`` holds one (first, last) run of (n, z) planes per part, and each
 part walks every point in order, adding only the taps that land in its planes, so each
@@ -28,7 +28,7 @@ from .backward import zero_planes
 from .block import point_origin, row_origin, row_position
 from .coords import AFFINE, GRID, cubic_slope, cubic_weight, pad_tap, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel, part_rows
-from .records import CoordinateRule, Operand
+from .records import Operand, Rule
 
 __all__ = ["dgrid", "dx", "forward"]
 
@@ -127,7 +127,7 @@ def _tap_sum(x, base, offsets, weights):
 def _forward(x_operand, grid_operand, matrix_array, y_operand, geometry, rule, parts, scratch, part):
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3): run ``part`` of ``parts`` runs of
     output rows, every element written; ``matrix`` an affine field's voxel matrix (N * 12), else empty."""
-    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
+    rule = Rule(*rule)  # named again, from the plain tuple a kernel is given
     matrix = borrowed(matrix_array)
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
@@ -206,7 +206,7 @@ def _dgrid(
     """dgrid (N, Do, Ho, Wo, 3) (strides in grid order, as the grid's) of run ``part`` of ``parts`` runs of
     output rows: the multipliers times :func:`_gradient_sums`. For an affine field (``matrix``), the row's
     moments too (:class:`.backward.BackwardOperands`), into ``moments`` where not empty; dgrid where not empty."""
-    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
+    rule = Rule(*rule)  # named again, from the plain tuple a kernel is given
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     x, x_strides = borrowed(x_operand[0]), x_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
@@ -301,7 +301,7 @@ def _scatter(grad, out, grad_step, dx, first, dx_strides, channels, sizes, slab,
 @part_kernel
 def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, parts, scratch, part):
     """dx (N, C, D, H, W) of planes parts[part, 0] .. parts[part, 1] - 1 (plane = n * D + z), every element written."""
-    rule = CoordinateRule(*rule)  # named again, from the plain tuple a kernel is given
+    rule = Rule(*rule)  # named again, from the plain tuple a kernel is given
     matrix = borrowed(matrix_array)
     grad, grad_strides = borrowed(grad_operand[0]), grad_operand[1]
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]

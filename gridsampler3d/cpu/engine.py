@@ -16,88 +16,87 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import numpy as np
 import torch
 
 from ..affine import matrix_gradient, theta_gradient, voxel_matrix
+from ..dtypes import CPU_KERNEL_DTYPES, HALF_DTYPES, cpu_kernel_dtype
 from ..layout import memory_format_of
-from ..modes import Interpolation
-from ..rounding import HALF_DTYPES, round_once
+from ..rounding import round_once
 from ..sampling import Field, Gradients, Outputs, Sampling
 from . import buffers, pool, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
-from .planner import Call, Plan, Stage, facts_needed, make_plan
+from .planner import Call, GridPass, Plan, Stage, facts_needed, make_plan
 from .records import Geometry, Operand
 from .rounding import round_in_parts
 from .slabs import looks_coherent
 
 __all__ = ["NumbaBackend", "describe_call", "plan_call"]
 
-_KERNEL_DTYPES = (torch.float32, torch.float64)
+_ONES = (1,) * 5
 
 
-def _flat(tensor: torch.Tensor):
-    """(flat 1-D NumPy view from the tensor's first element, element strides) — no copy."""
-    strides = tensor.stride()
-    if tensor.is_contiguous():  # the common case, without the span's sum (small calls pay it five times)
-        return tensor.detach().numpy().reshape(-1), strides
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, strides))
-    return tensor.detach().as_strided((span,), (1,)).numpy(), strides
+def _flat(tensor: torch.Tensor, strides) -> np.ndarray:
+    """A flat 1-D NumPy view of ``tensor`` (of ``strides``) from its first element: no copy.
 
-
-def _kernel_dtype_of(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the kernels compute data of ``dtype`` in: itself for float32 and float64, else float64."""
-    return dtype if dtype in _KERNEL_DTYPES else torch.float64
+    ``numpy(force=True)`` is ``detach().numpy()`` for a CPU float tensor (the same memory)
+    in one call, and the span's sum runs in ``map``: a small call converts eight tensors.
+    """
+    if tensor.is_contiguous():  # the common case, without the span's sum
+        return tensor.numpy(force=True).reshape(-1)
+    span = 1 + sum(map(operator.mul, map(operator.sub, tensor.shape, _ONES), strides))
+    return tensor.detach().as_strided((span,), (1,)).numpy()
 
 
 def _kernel_dtype(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself in float32 and float64; float16 and bfloat16 widened to float64 (:func:`.buffers.empty`)."""
-    if tensor.dtype in _KERNEL_DTYPES:
+    if tensor.dtype in CPU_KERNEL_DTYPES:
         return tensor
-    return buffers.empty(tensor.shape, _kernel_dtype_of(tensor.dtype), memory_format_of(tensor)).copy_(tensor)
+    return buffers.empty(tensor.shape, cpu_kernel_dtype(tensor.dtype), memory_format_of(tensor)).copy_(tensor)
 
 
-def operand(tensor: torch.Tensor) -> Operand:
-    """A tensor as the kernels take it (:func:`_flat`)."""
-    return Operand(*_flat(tensor))
+def operand(tensor: torch.Tensor, rows: int = 1) -> Operand:
+    """A tensor as the kernels take it: its flat view and strides; for a volume-shaped output operand (grad, y),
+    each run of ``rows`` output rows as one row (a plan's ``rows_joined``)."""
+    strides = tensor.stride()
+    data = _flat(tensor, strides)
+    if rows > 1:
+        strides = strides[:3] + (rows * strides[3],) + strides[4:]
+    return Operand(data, strides)
 
 
-def _kernel_strides(field: Field, strides) -> tuple:
-    """A field's (or its gradient's) strides as the kernels read them: in point order (n, d, h, w, component); a
-    displacement's component stride negated, since the kernels read its x (dx) 2 components above dz."""
-    strides = field.point_strides(strides)
-    return strides[:4] + (-strides[4],) if field.kind.displaced else strides
-
-
-def field_operand(field: Field, tensor: torch.Tensor | None = None) -> Operand:
+def field_operand(field: Field, tensor: torch.Tensor | None = None, rows: int = 1) -> Operand:
     """The operand of ``field``'s tensor, or of ``tensor`` shaped like it (its gradient, a widened copy), with strides
-    in the kernels' order (:func:`_kernel_strides`)."""
-    flat, strides = _flat(field.tensor if tensor is None else tensor)
-    return Operand(flat, _kernel_strides(field, strides))
+    in the kernels' order: point order (n, d, h, w, component), a displacement's component stride negated (the
+    kernels read its x, dx, 2 components above dz); each run of ``rows`` output rows as one row."""
+    tensor = field.tensor if tensor is None else tensor
+    strides = tensor.stride()
+    data = _flat(tensor, strides)
+    strides = _point_strides(field, strides)
+    if rows > 1:
+        strides = strides[:2] + (rows * strides[2],) + strides[3:]
+    return Operand(data, strides)
 
 
+# What the kernels are handed for a field without a voxel matrix and a backward without theta's moments: nothing
+# reads them.
 _NO_MATRIX = np.empty(0)
+_NO_MOMENTS = np.zeros(0)
 
 
 def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
-    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.affine.voxel_matrix`);
-    empty for other fields."""
-    if not field.kind.affine:
-        return _NO_MATRIX
-    theta = field.theta.detach().to(dtype=torch.float64).numpy()
-    return np.ascontiguousarray(
-        voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners)
-    ).reshape(-1)
-
-
-def _field_operands(field: Field, tensor) -> Operand:
-    """The operand the kernels read the field's values from: ``tensor`` (the field's, in the kernels' dtype), or
-    for an affine field without a displacement an empty stand-in of ``tensor``'s dtype, which no kernel reads."""
-    if field.tensor is None:
-        return _empty_operand(tensor.dtype)
-    return field_operand(field, tensor)
+    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.affine.voxel_matrix`), kept
+    in the field's ``derived`` for its backward; ``_NO_MATRIX`` stands in for other fields'."""
+    key = ("cpu voxel matrix", tuple(x.shape[2:]), sampling.align_corners)
+    derived = field.derived
+    if key not in derived:
+        theta = field.theta
+        theta = theta.numpy(force=True) if theta.dtype == torch.float64 else theta.double().numpy(force=True)
+        derived[key] = voxel_matrix(theta, key[1], field.out_sizes, sampling.align_corners).reshape(-1)
+    return derived[key]
 
 
 @functools.cache
@@ -106,31 +105,17 @@ def _empty_operand(dtype: torch.dtype) -> Operand:
     return Operand(torch.empty(0, dtype=dtype).numpy(), (0, 0, 0, 0, 0))
 
 
+def _point_strides(field: Field, strides) -> tuple:
+    """A field's strides as :func:`field_operand` hands them to the kernels (point order, a displacement's component
+    stride negated)."""
+    strides = field.point_strides(strides)
+    return strides[:4] + (-strides[4],) if field.kind.displaced else strides
+
+
 def _joinable(grid_like, out_like, width: int) -> bool:
     """Whether every output-shaped operand steps h by exactly a row of w: grid-shaped ones (n, d, h, w, component),
     volume-shaped ones (n, c, d, h, w)."""
     return all(s[2] == width * s[3] for s in grid_like) and all(s[3] == width * s[4] for s in out_like)
-
-
-def _join_grid_like(operand: Operand, rows: int) -> Operand:
-    """A grid-shaped operand with each run of ``rows`` output rows as one row."""
-    if rows == 1:
-        return operand
-    s = operand.strides
-    return Operand(operand.array, s[:2] + (rows * s[2],) + s[3:])
-
-
-def _join_out_like(operand: Operand, rows: int) -> Operand:
-    """A volume-shaped output operand (grad, y) with each run of ``rows`` output rows as one row."""
-    if rows == 1:
-        return operand
-    s = operand.strides
-    return Operand(operand.array, s[:3] + (rows * s[3],) + s[4:])
-
-
-def _joined(out_sizes, rows: int):
-    depth, height, width = out_sizes
-    return depth, height // rows, rows * width
 
 
 def _smooth(field: Field, depth: int, sampling: Sampling, matrix) -> bool:
@@ -164,7 +149,7 @@ def _facts(call: Call, needed, field: Field, grad, matrix) -> tuple:
 
 def _dense_strides(tensor: torch.Tensor):
     """The strides of ``tensor`` as the kernels will see it (:func:`_kernel_dtype`), without widening it."""
-    if tensor.dtype in _KERNEL_DTYPES:
+    if tensor.dtype in CPU_KERNEL_DTYPES:
         return tuple(tensor.stride())
     shape = tensor.shape
     if memory_format_of(tensor) == torch.channels_last_3d:
@@ -181,18 +166,14 @@ def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=Non
     """The planner's description of a call from its NCDHW tensors and records, without the facts about the data
     (``grad`` is given for a backward)."""
     out_sizes = field.out_sizes
-    field_strides = [] if field.tensor is None else [_kernel_strides(field, _dense_strides(field.tensor))]
+    field_strides = [] if field.tensor is None else [_point_strides(field, _dense_strides(field.tensor))]
     joinable = _joinable(field_strides, [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
-    return Call(
-        stage=stage,
-        batch=x.shape[0],
-        channels=x.shape[1],
-        sizes=tuple(x.shape[2:]),
-        out_sizes=out_sizes,
-        dtype=str(x.dtype).removeprefix("torch."),
-        sampling=sampling,
-        field=field.kind,
-        outputs=Outputs(bool(outputs.dx), bool(outputs.dfield or outputs.dtheta), bool(outputs.dtheta)),
+    return Call.describe(
+        stage,
+        x,
+        field,
+        sampling,
+        outputs,
         channels_last=memory_format_of(x) == torch.channels_last_3d,
         threads=pool.threads(),
         dense_ncdhw=grad is not None and x.is_contiguous() and grad.is_contiguous(),
@@ -235,9 +216,12 @@ def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, o
             _PLANNED.clear()
         planned = _PLANNED[key] = (call, facts_needed(call), {})
     call, needed, plans = planned
-    if "smooth" in needed and matrix is None:
-        matrix = _voxel_matrix(field, x, sampling)
-    facts = _facts(call, needed, field, grad, matrix)
+    if not needed:
+        facts = (None, None)
+    else:
+        if "smooth" in needed and matrix is None:
+            matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
+        facts = _facts(call, needed, field, grad, matrix)
     plan = plans.get(facts)
     if plan is None:
         plan = plans[facts] = make_plan(dataclasses.replace(call, smooth=facts[0], grad_finite=facts[1]))
@@ -245,10 +229,8 @@ def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, o
 
 
 def _rounded(result: torch.Tensor, dtype: torch.dtype, layout) -> torch.Tensor:
-    """A result of the kernels in the caller's ``dtype`` (:func:`.rounding.round_in_parts`) and ``layout``; the
-    result itself where the kernels computed in that dtype (it was made in that layout)."""
-    if result.dtype == dtype:
-        return result
+    """A result of the kernels, computed in another dtype, in the caller's ``dtype``
+    (:func:`.rounding.round_in_parts`) and ``layout``."""
     return round_in_parts(result, dtype).contiguous(memory_format=layout)
 
 
@@ -264,28 +246,24 @@ class NumbaBackend:
         return device.type == "cpu"
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
-        matrix = _voxel_matrix(field, x, sampling)
+        matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
         plan = plan_call(Stage.FORWARD, x, field, sampling, matrix=matrix)
         dtype, layout = x.dtype, memory_format_of(x)
-        x = _kernel_dtype(x)
-        out_sizes = field.out_sizes
+        if dtype not in CPU_KERNEL_DTYPES:
+            x = _kernel_dtype(x)
+        out_sizes, rows = field.out_sizes, plan.rows_joined
         y = buffers.empty(x.shape[:2] + out_sizes, x.dtype, layout)
-        k = plan.rows_joined
-        geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(out_sizes, k))
-        values = _field_operands(field, x if field.tensor is None else _kernel_dtype(field.tensor))
-        run_forward(
-            ForwardWork(
-                plan,
-                operand(x),
-                _join_grid_like(values, k),
-                matrix,
-                _join_out_like(operand(y), k),
-                geometry,
-                sampling,
-                field.kind,
-            )
-        )
-        return _rounded(y, dtype, layout)
+        depth, height, width = out_sizes
+        geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), (depth, height // rows, rows * width))
+        if field.tensor is None:
+            values = _empty_operand(x.dtype)
+        elif field.tensor.dtype not in CPU_KERNEL_DTYPES:
+            values = field_operand(field, _kernel_dtype(field.tensor), rows)
+        else:
+            values = field_operand(field, field.tensor, rows)
+        work = ForwardWork(plan, operand(x), values, matrix, operand(y, rows), geometry, sampling, field.kind)
+        run_forward(work)
+        return y if y.dtype == dtype else _rounded(y, dtype, layout)
 
     def backward(
         self,
@@ -297,7 +275,7 @@ class NumbaBackend:
         deterministic: bool,
     ) -> Gradients:
         """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
-        matrix = _voxel_matrix(field, x, sampling)
+        matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
         plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs, matrix=matrix)
         if not plan.copies:
             return _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
@@ -307,8 +285,8 @@ class NumbaBackend:
         # For dx alone, an unwritten channels-last stand-in in the kernels' dtype.
         x = (
             transpose.to_channels_last(x)
-            if outputs.dfield or outputs.dtheta
-            else buffers.empty(x.shape, _kernel_dtype_of(x.dtype), torch.channels_last_3d)
+            if plan.copy_x
+            else buffers.empty(x.shape, cpu_kernel_dtype(x.dtype), torch.channels_last_3d)
         )
         dx, dfield, dtheta = _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
         del grad, x  # before dx's copy: the copies' peak is then three operands' worth, not four
@@ -317,39 +295,43 @@ class NumbaBackend:
 
 def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, outputs: Outputs, matrix) -> Gradients:
     """The backward's kernels on the given operands (as they are, or their channels-last copies)."""
-    dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_backward)
-    grad, x = _kernel_dtype(grad), _kernel_dtype(x)
-    wide_field = x if field.tensor is None else _kernel_dtype(field.tensor)
+    dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_same)
+    if dtype not in CPU_KERNEL_DTYPES:
+        grad, x = _kernel_dtype(grad), _kernel_dtype(x)
+    wide_field = x if field.tensor is None else field.tensor
+    if wide_field.dtype not in CPU_KERNEL_DTYPES:
+        wide_field = _kernel_dtype(wide_field)
+    rows = plan.rows_joined
     dfield, dfield_operand = None, _empty_operand(wide_field.dtype)
     if outputs.dfield:
         dfield = buffers.empty(field.tensor.shape, wide_field.dtype, field.gradient_format())
-        dfield_operand = field_operand(field, dfield)
-        if sampling.interpolation == Interpolation.NEAREST:
+        dfield_operand = field_operand(field, dfield, rows)
+        if plan.grid_pass == GridPass.ZEROS:
             dfield.zero_()  # nearest has a zero grid gradient everywhere: no pass needed
     dx = buffers.empty(x.shape, x.dtype, layout) if outputs.dx else None
-    rows = field.points // field.out_sizes[2]
-    moments = np.zeros(6 * rows if outputs.dtheta else 0)
-    k = plan.rows_joined
+    depth, height, width = field.out_sizes
+    moments = np.zeros(6 * (x.shape[0] * depth * height)) if outputs.dtheta else _NO_MOMENTS
     operands = BackwardOperands(
-        grad=_join_out_like(operand(grad), k),
+        grad=operand(grad, rows),
         x=operand(x),
-        grid=_join_grid_like(_field_operands(field, wide_field), k),
+        grid=_empty_operand(wide_field.dtype) if field.tensor is None else field_operand(field, wide_field, rows),
         dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
-        dgrid=_join_grid_like(dfield_operand, k),
-        matrix=Operand(matrix, (12,)),
-        moments=Operand(moments, (6,)),
+        dgrid=dfield_operand,
+        matrix=matrix,
+        moments=moments,
     )
-    geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), _joined(field.out_sizes, k))
+    geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), (depth, height // rows, rows * width))
     run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
-    dx = _rounded(dx, dtype, layout) if outputs.dx else None
-    dfield = _rounded(dfield, dtype, memory_format_of(dfield)) if outputs.dfield else None
-    return Gradients(
-        dx, dfield, _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta else None
-    )
+    if outputs.dx and dx.dtype != dtype:
+        dx = _rounded(dx, dtype, layout)
+    if outputs.dfield and dfield.dtype != dtype:
+        dfield = _rounded(dfield, dtype, memory_format_of(dfield))
+    dtheta = _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta else None
+    return Gradients(dx, dfield, dtheta)
 
 
 def _theta_gradient(moments: np.ndarray, field: Field, in_sizes, sampling: Sampling) -> torch.Tensor:
     """dL/dtheta from the kernels' row moments (:mod:`gridsampler3d.affine`), in theta's dtype, rounded once."""
     matrix_grad = matrix_gradient(moments, field.theta.shape[0], field.out_sizes)
     dtheta = theta_gradient(matrix_grad, in_sizes, field.out_sizes, sampling.align_corners)
-    return round_once(torch.from_numpy(np.ascontiguousarray(dtheta)), field.theta.dtype)
+    return round_once(torch.from_numpy(dtheta), field.theta.dtype)

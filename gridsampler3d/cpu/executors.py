@@ -19,7 +19,7 @@ from . import bicubic, pool
 from .backward import BackwardOperands, backward_kernel
 from .forward import forward_kernel
 from .planner import DxPass, GridPass, Plan, Strategy
-from .records import Carry, CarryMode, Geometry, Operand, RowRanges, coordinate_rule, unnamed
+from .records import Carry, CarryMode, Geometry, Operand, RowRanges, kernel_rule, unnamed
 from .slabs import depth_ranges, plan_slabs, row_parts
 
 __all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward"]
@@ -103,7 +103,7 @@ def launch(build, launches=(), together: bool = False, shared=()) -> None:
 
 def from_channel(operand: Operand, channel: int) -> Operand:
     """``operand`` seen from channel ``channel`` on (strides unchanged)."""
-    return Operand(operand.array[channel * operand.strides[1] :], operand.strides)
+    return Operand(operand.data[channel * operand.strides[1] :], operand.strides)
 
 
 def channel_groups(channels: int, group: int):
@@ -127,8 +127,11 @@ def _kept_scratch(kernel, arguments, channels: int) -> tuple:
     A small call runs one launch at a time on its own thread, so that the arrays are never
     in use twice at once; allocating them anew (18 arrays) cost more than a small kernel.
     """
-    kept = _kept.__dict__.setdefault("scratch", {})
-    held = kept.get(kernel.part)
+    try:
+        kept = _kept.scratch
+    except AttributeError:
+        kept = _kept.scratch = {}
+    held = kept[kernel.part] if kernel.part in kept else None
     if held is None or held[0] < channels:
         held = kept[kernel.part] = (channels, unnamed(kernel.scratch(1, *arguments)))
     return held[1]
@@ -136,8 +139,9 @@ def _kept_scratch(kernel, arguments, channels: int) -> tuple:
 
 def run_serial(build, arguments, channels: int) -> None:
     """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags)."""
-    unresolved = getattr(_kept, "unresolved", None)
-    if unresolved is None:
+    try:
+        unresolved = _kept.unresolved
+    except AttributeError:
         unresolved = _kept.unresolved = np.zeros(1, np.int64)
     plain = unnamed(arguments)  # as :meth:`.jit.Parallel.launch` passes them
     for exact_remainder in (False, True):
@@ -185,7 +189,7 @@ def _forward_channel_groups(work: ForwardWork) -> None:
 
 
 def _forward_bicubic(work: ForwardWork) -> None:
-    rule = coordinate_rule(work.sampling, work.field, forward=True)
+    rule = kernel_rule(work.sampling, work.field, forward=True)
     # Runs of rows that the threads take in turn, as for the trilinear passes by rows.
     pool.run_together(
         [], [bicubic.forward.launch(work.x, work.grid, work.matrix, work.y, work.geometry, rule, work.plan.runs)]
@@ -231,9 +235,9 @@ def _slabs(work: BackwardWork, count: int):
     geometry = work.geometry
     depth_ranges(
         work.operands.grid,
-        work.operands.matrix.array,
+        work.operands.matrix,
         geometry,
-        coordinate_rule(work.sampling, work.field),
+        kernel_rule(work.sampling, work.field),
         (row_step(work.rows), True),
         ranges,
         count,
@@ -385,14 +389,14 @@ def _dx_by_channel_halves(work: BackwardWork) -> None:
 
 
 def _backward_bicubic(work: BackwardWork) -> None:
-    ops, rule = work.operands, coordinate_rule(work.sampling, work.field)
+    ops, rule = work.operands, kernel_rule(work.sampling, work.field)
     if work.plan.dx_pass != DxPass.NONE:
         # Equal runs of planes: every slab walks every point, so the work splits evenly.
         bounds = np.linspace(0, work.planes, work.plan.dx_parts + 1).round().astype(np.int64)
         bicubic.dx(
             ops.grad,
             ops.grid,
-            ops.matrix.array,
+            ops.matrix,
             ops.dx,
             work.geometry,
             rule,
@@ -406,9 +410,9 @@ def _backward_bicubic(work: BackwardWork) -> None:
                     ops.grad,
                     ops.x,
                     ops.grid,
-                    ops.matrix.array,
+                    ops.matrix,
                     ops.dgrid,
-                    ops.moments.array,
+                    ops.moments,
                     work.geometry,
                     rule,
                     work.plan.runs,

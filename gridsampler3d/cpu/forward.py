@@ -32,7 +32,7 @@ from .block import (
 )
 from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
-from .records import Cells, CoordinateRule, Geometry, Points, coordinate_rule
+from .records import Cells, Geometry, Points, Rule, kernel_rule
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -66,7 +66,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
     that path (about 0.4 s of a first call's compile).
     """
     # The records as the constants the kernel is compiled with.
-    interpolation, padding, align_corners, field_code, forward, exact = coordinate_rule(
+    interpolation, padding, align_corners, field_code, forward, exact = kernel_rule(
         sampling, field, forward=True, exact_remainder=exact_remainder
     )
     nearest = interpolation == NEAREST
@@ -79,7 +79,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
         unresolved = borrowed(unresolved_operand)
         cells = part_cells(scratch.cells, part)
         work = (borrowed(scratch.weights)[part], borrowed(scratch.offsets)[part], borrowed(scratch.totals)[part])
-        rule = CoordinateRule(interpolation, padding, align_corners, field_code, forward, exact)
+        rule = Rule(interpolation, padding, align_corners, field_code, forward, exact)
         out_depth, out_height, out_width = geometry.out_sizes
         rows = geometry.batch * out_depth * out_height
         spatial = (x.strides[2], x.strides[3], x.strides[4])
@@ -105,7 +105,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
                         unresolved[part] = 1
                         return
                     continue
-                if trilinear_cells(grid.array, points, geometry.sizes, rule, origin, spatial, spatial, cells, False):
+                if trilinear_cells(grid.data, points, geometry.sizes, rule, origin, spatial, spatial, cells, False):
                     unresolved[part] = 1
                     return
                 masked_offsets(points.count, cells.corner, cells.inside, spatial, work[1])
@@ -144,19 +144,19 @@ def _scratch(parts: int, x, grid, matrix, y, geometry, *rest):
 def _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
     """One block of nearest: each channel's nearest voxels into ``y`` from ``out`` on; False where unresolved."""
     spatial = (x.strides[2], x.strides[3], x.strides[4])
-    if nearest_cells(grid.array, points, geometry.sizes, rule, origin, spatial, cells):
+    if nearest_cells(grid.data, points, geometry.sizes, rule, origin, spatial, cells):
         return False
     count = points.count
     for c in range(geometry.channels):
         source = n * x.strides[0] + c * x.strides[1]
         target = out + c * y.strides[1]
         if y.strides[4] == 1:  # a view, so that the stores are contiguous
-            row = y.array[target : target + count]
+            row = y.data[target : target + count]
             for i in range(count):
-                row[i] = _nearest_value(x.array, source, cells.corner, cells.inside, i)
+                row[i] = _nearest_value(x.data, source, cells.corner, cells.inside, i)
             continue
         for i in range(count):
-            y.array[target + i * y.strides[4]] = _nearest_value(x.array, source, cells.corner, cells.inside, i)
+            y.data[target + i * y.strides[4]] = _nearest_value(x.data, source, cells.corner, cells.inside, i)
     return True
 
 
@@ -169,7 +169,7 @@ def _channels_last_sums(x, y, channels, count, x_batch, out, cells, work):
             for tap in range(8):
                 weights[slot(tap, i)] = tap_weight(cells.sides, tap, i)
         _channels_inner(
-            count, x.array, x_batch, y.array, out, y.strides[4], channels, weights, offsets, cells.inside, totals
+            count, x.data, x_batch, y.data, out, y.strides[4], channels, weights, offsets, cells.inside, totals
         )
         return
     _channel_sums(x, y, channels, count, x_batch, out, cells, offsets)
@@ -182,12 +182,12 @@ def _channel_sums(x, y, channels, count, x_batch, out, cells, offsets):
         source = x_batch + c * x.strides[1]
         target = out + c * y.strides[1]
         if y.strides[4] == 1:  # a view, so that the stores are contiguous
-            row = y.array[target : target + count]
+            row = y.data[target : target + count]
             for i in range(count):
-                row[i] = _tap_sum(x.array, source, offsets, cells.sides, cells.inside, i)
+                row[i] = _tap_sum(x.data, source, offsets, cells.sides, cells.inside, i)
             continue
         for i in range(count):
-            y.array[target + i * y.strides[4]] = _tap_sum(x.array, source, offsets, cells.sides, cells.inside, i)
+            y.data[target + i * y.strides[4]] = _tap_sum(x.data, source, offsets, cells.sides, cells.inside, i)
 
 
 @helper

@@ -221,6 +221,15 @@ class _KeyNamedCacheFile(IndexDataCacheFile):
     padding's values, tests/test_matrix.py, seen in a test run beside a second process).
     """
 
+    def _load_index(self):
+        """The index, or an empty one where it cannot be read back: an index written by another version of the
+        package names records (in its keys) that this version renamed or removed, and unpickling it fails before
+        Numba's own check of the source's stamp would find it obsolete."""
+        try:
+            return super()._load_index()
+        except (AttributeError, ImportError, EOFError, pickle.UnpicklingError):
+            return {}
+
     def save(self, key, data):
         digest = hashlib.sha256(pickle.dumps(key, protocol=-1)).hexdigest()[:24]
         data_name = self._data_name_pattern.replace("{number:d}", digest)

@@ -22,24 +22,15 @@ import enum
 import functools
 import math
 
+from ..dtypes import HALF_NAMES
 from ..modes import Interpolation
-from ..rounding import HALF_DTYPES
-from ..sampling import FieldKind, Outputs, Sampling
+from ..problem import Gradient, Problem, Stage
 from . import tuning
 
 __all__ = ["Call", "DxPass", "GridPass", "Plan", "Stage", "Strategy", "facts_needed", "make_plan"]
 
-_HALF = tuple(str(dtype).removeprefix("torch.") for dtype in HALF_DTYPES)  # as Call.dtype names them
 
-
-class Stage(enum.Enum):
-    """The pass a call runs: the forward (y) or the backward (dx and the grid gradient)."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-
-
-class Strategy(enum.Enum):
+class Strategy(str, enum.Enum):
     """How a call's work is split into kernel launches."""
 
     SERIAL = (
@@ -72,11 +63,10 @@ class DxPass(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Call:
-    """What the planner knows of a call. Sizes are (D, H, W) of the input and (Do, Ho, Wo) of the output.
+class Call(Problem):
+    """What the CPU planner knows of a call: the :class:`.problem.Problem` (shapes, dtype, the sampling rule, the
+    kind of field, the outputs asked for) and what the CPU engine alone reads.
 
-    ``sampling`` and ``field`` are the call's records (:mod:`gridsampler3d.sampling`: the rule,
-    and the kind of field it samples at); ``outputs`` the gradients a backward computes.
     ``threads`` is what the caller's torch setting allows; ``channels_last`` is x's layout;
     ``dense_ncdhw`` says grad and x are contiguous NCDHW tensors (copies to channels-last
     are possible); ``rows_joinable`` says every output-shaped operand steps h by exactly a
@@ -85,15 +75,6 @@ class Call:
     measured (:func:`facts_needed`).
     """
 
-    stage: Stage
-    batch: int
-    channels: int
-    sizes: tuple
-    out_sizes: tuple
-    dtype: str = "float32"
-    sampling: Sampling = Sampling()
-    field: FieldKind = FieldKind.GRID
-    outputs: Outputs = Outputs()
     channels_last: bool = False
     threads: int = 1
     dense_ncdhw: bool = True
@@ -107,8 +88,10 @@ class Call:
         return 4 if self.dtype == "float32" else 8
 
     @property
-    def points(self) -> int:
-        return self.batch * math.prod(self.out_sizes)
+    def positions_gradient(self) -> bool:
+        """Whether a backward computes the gradient with respect to each point's position (for the field's tensor
+        or theta): its grid-gradient pass runs, or for nearest its zeros are written."""
+        return self.stage == Stage.BACKWARD and self.passes.positions != Gradient.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +120,7 @@ class Plan:
     runs: int = 1
     rows_joined: int = 1
     copies: bool = False
+    copy_x: bool = False
     pytorch_terms: bool = False
 
     def __str__(self) -> str:
@@ -190,7 +174,7 @@ def facts_needed(call: Call) -> frozenset:
     if (
         call.stage == Stage.BACKWARD
         and call.sampling.interpolation == Interpolation.BILINEAR
-        and call.outputs.dfield
+        and call.positions_gradient
         and call.dtype != "float64"
     ):
         needed.add("grad_finite")
@@ -213,7 +197,7 @@ def make_plan(call: Call) -> Plan:
             threads,
             call.channels_last,
             runs=_runs(threads, call.batch * call.out_sizes[0] * call.out_sizes[1], call),
-            grid_pass=GridPass.ROWS if backward and call.outputs.dfield else GridPass.NONE,
+            grid_pass=GridPass.ROWS if backward and call.positions_gradient else GridPass.NONE,
             dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
             dx_parts=threads if backward and call.outputs.dx else 0,
         )
@@ -221,7 +205,7 @@ def make_plan(call: Call) -> Plan:
         return _forward_plan(call)
     if _copies_pay(call):
         inner = _backward_plan(dataclasses.replace(call, channels_last=True))
-        return dataclasses.replace(inner, copies=True)
+        return dataclasses.replace(inner, copies=True, copy_x=call.positions_gradient)
     return _backward_plan(call)
 
 
@@ -245,14 +229,14 @@ def _serial_plan(call: Call) -> Plan:
     """
     backward = call.stage == Stage.BACKWARD
     nearest = call.sampling.interpolation == Interpolation.NEAREST
-    want_dgrid = backward and call.outputs.dfield and not nearest
+    want_dgrid = backward and call.positions_gradient and not nearest
     return Plan(
         call.stage,
         Strategy.SERIAL,
         1,
         call.channels_last,
         grid_pass=GridPass.ZEROS
-        if backward and nearest and call.outputs.dfield
+        if backward and nearest and call.positions_gradient
         else (GridPass.ROWS if want_dgrid else GridPass.NONE),
         dx_pass=DxPass.SLABS if backward and call.outputs.dx else DxPass.NONE,
         dx_parts=int(backward and call.outputs.dx),
@@ -285,7 +269,7 @@ def _smooth_matters(call: Call) -> bool:
 def _backward_asks(call: Call) -> bool:
     """Whether a backward's split (fused or not, channel groups, rows joined) depends on the verdict."""
     threads, channels = _threads(call), call.channels
-    want_dgrid = call.outputs.dfield and call.sampling.interpolation != Interpolation.NEAREST
+    want_dgrid = call.positions_gradient and call.sampling.interpolation != Interpolation.NEAREST
     group = channel_group(call)
     by_channels = call.outputs.dx and not call.channels_last and channels > group
     dgrid_by_channels = want_dgrid and not call.channels_last and channels > group
@@ -295,13 +279,13 @@ def _backward_asks(call: Call) -> bool:
 
 def _copies_possible(call: Call) -> bool:
     """Whether a backward may run on channels-last copies, the verdict aside (see :func:`_copies_pay`)."""
-    half = call.dtype in _HALF
+    half = call.dtype in HALF_NAMES
     return (
         call.stage == Stage.BACKWARD
         and call.sampling.interpolation == Interpolation.BILINEAR
         and not call.channels_last
         and call.dtype != "float64"
-        and not (half and not call.outputs.dfield)
+        and not (half and not call.positions_gradient)
         and call.dense_ncdhw
         and call.channels >= (tuning.COPIED_HALF_CHANNELS if half else tuning.COPIED_CHANNELS)
     )
@@ -340,7 +324,7 @@ def _forward_plan(call: Call) -> Plan:
 def _backward_plan(call: Call) -> Plan:
     threads, channels = _threads(call), call.channels
     nearest = call.sampling.interpolation == Interpolation.NEAREST
-    want_dgrid = call.outputs.dfield and not nearest
+    want_dgrid = call.positions_gradient and not nearest
     group = channel_group(call)
     smooth = _backward_asks(call) and bool(call.smooth)
     random = _backward_asks(call) and not smooth
@@ -360,7 +344,7 @@ def _backward_plan(call: Call) -> Plan:
     if call.outputs.dx and threads == 1 and coherent and channels < tuning.FUSED_CHANNELS:
         return Plan(strategy=Strategy.FUSED, dx_parts=1, **common)
     grid_pass, grid_group, carry_rows = GridPass.NONE, 0, 0
-    if nearest and call.outputs.dfield:
+    if nearest and call.positions_gradient:
         grid_pass = GridPass.ZEROS
     elif want_dgrid and (smooth or call.channels_last or channels <= group):
         grid_pass = GridPass.ROWS

@@ -22,7 +22,7 @@ from ..sampling import Field, FieldKind, Sampling
 from .block import borrow, decode_row, point_origin, row_origin, row_position
 from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
-from .records import CoordinateRule, Geometry, RowRanges
+from .records import Geometry, RowRanges, Rule
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -34,7 +34,7 @@ _MONOTONIC_LIMIT = 2.0**20
 def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
-    ``rule`` (:class:`.records.CoordinateRule`) without the exact remainder; ``origin`` the
+    ``rule`` (:class:`.records.Rule`) without the exact remainder; ``origin`` the
     block's :class:`.records.Origin`, from which a displacement is measured (an affine field
     without one reads no grid).
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
@@ -89,7 +89,7 @@ def _depth_ranges(grid_operand, matrix_array, geometry, rule, visits, rows, part
     """Per row r: the least and greatest lowest-tap depth of its points, into ``rows`` (:class:`.records.RowRanges`).
 
     Rows are (n, d, h), numbered n * Do * Ho + d * Ho + h. ``rule`` is the call's
-    :class:`.records.CoordinateRule`; ``visits`` is (row_step, every_row): every
+    :class:`.records.Rule`; ``visits`` is (row_step, every_row): every
     ``row_step``-th row is visited point by point; with ``every_row`` the others get
     their range too, from the least and greatest z value alone (a plain scan) where the
     lowest depth grows with the z value: for zeros and border padding, and for reflection
@@ -105,7 +105,7 @@ def _depth_ranges(grid_operand, matrix_array, geometry, rule, visits, rows, part
     grid, matrix = borrow(grid_operand), borrowed(matrix_array)
     # The records, given as plain tuples (:func:`.records.unnamed`), named again.
     geometry, ranges = Geometry(*geometry), RowRanges(borrowed(rows[0]), borrowed(rows[1]))
-    rule = CoordinateRule(*rule)
+    rule = Rule(*rule)
     out_depth, out_height, _ = geometry.out_sizes
     row_step, every_row = visits
     stride = 1 if every_row else row_step
@@ -133,7 +133,7 @@ def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges)
     smallest, largest = np.inf, -np.inf
     usable = 1
     for i in range(out_width):
-        value = float(grid.array[first_point + i * grid.strides[3]])
+        value = float(grid.data[first_point + i * grid.strides[3]])
         usable &= abs(value) < _MONOTONIC_LIMIT
         smallest = value if value < smallest else smallest
         largest = value if value > largest else largest
@@ -157,7 +157,7 @@ def _range_point_by_point(grid, first_point, place, geometry, rule, row, ranges,
         count = min(BLOCK, out_width - start)
         origin = row_origin(matrix, rule.field, n, h, d, start)
         if _lowest_depths(
-            grid.array, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule, origin, lowest
+            grid.data, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule, origin, lowest
         ):
             least = min(least, -2)
             most = max(most, depth)

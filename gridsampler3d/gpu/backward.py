@@ -22,7 +22,7 @@ which the engine sums theta's gradient in float64, in a fixed order.
 
 Each operand is a :class:`.records.Operand`, the sizes a :class:`.records.Sizes`, and the
 constexprs records too: ``RULE`` (:class:`.records.Rule`), ``OUTPUTS``
-(:class:`~gridsampler3d.sampling.Outputs`) and ``TILE`` (:class:`.records.Tile`).
+(:class:`~gridsampler3d.sampling.Outputs`) and ``TILE`` (:class:`.records.Blocks`).
 """
 
 from __future__ import annotations

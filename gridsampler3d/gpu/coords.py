@@ -270,7 +270,7 @@ def cell_taps(ix, iy, iz, depth, height, width, strides, INTERPOLATION: tl.const
 def tile_points(out_depth, out_height, out_width, TILE: tl.constexpr):
     """This program's output points: (n, d, h, w, mask), n a scalar, d, h, w int64 vectors.
 
-    Programs tile each batch item of the output in patches of the :class:`.records.Tile`'s
+    Programs tile each batch item of the output in patches of the :class:`.records.Blocks`'s
     block_d x block_h x block_w points (launch grid: ``launch.patch_grid``, (N * cdiv(Do,
     block_d) * cdiv(Ho, block_h), cdiv(Wo, block_w))), so the only divisions by a size are a
     few per program; a point's d, h and w come from its lane by shifts and masks. A wide

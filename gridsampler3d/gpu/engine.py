@@ -27,6 +27,7 @@ import torch
 from ..affine import matrix_gradient, theta_gradient
 from ..layout import memory_format_of
 from ..modes import Interpolation
+from ..problem import Gradient, Stage
 from ..rounding import round_once
 from ..sampling import Field, Gradients, Outputs, Sampling
 from . import autotune
@@ -41,12 +42,11 @@ from .launch import (
     kernels,
     launch_tuned,
     patch_grid,
-    points_of,
     sizes_of,
     store_dtype,
     volume_operand,
 )
-from .planner import DxMethod, FieldPass, GpuCall, GpuPlan, Stage, make_plan
+from .planner import DxMethod, GpuCall, GpuPlan, make_plan
 from .records import RowMoments, constexpr_members
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
@@ -60,50 +60,45 @@ def _capability(device: torch.device) -> tuple:
 
 
 def describe_call(
+    stage: Stage,
     x,
     field: Field,
     sampling: Sampling,
     *,
-    grad=None,
     outputs: Outputs = Outputs(),
     deterministic: bool = False,
     device: torch.device | None = None,
 ) -> GpuCall:
     """The GPU planner's description of a call from its NCDHW tensors (of any device, meta included) and records;
-    ``grad`` is given for a backward, ``device`` (default x's) is where it runs."""
+    ``device`` (default x's) is where it runs."""
     device = x.device if device is None else device
-    interpreted = device.type == "cpu" and interpreter_enabled()
-    return GpuCall(
-        stage=Stage.FORWARD if grad is None else Stage.BACKWARD,
-        batch=x.shape[0],
-        channels=x.shape[1],
-        sizes=tuple(x.shape[2:]),
-        out_sizes=field.out_sizes,
-        dtype=str(x.dtype).removeprefix("torch."),
-        sampling=sampling,
-        field=field.kind,
-        outputs=Outputs(*map(bool, outputs)),
+    return GpuCall.describe(
+        stage,
+        x,
+        field,
+        sampling,
+        outputs,
         channels_adjacent=x.shape[1] > 1 and x.stride(1) == 1,
         deterministic=bool(deterministic),
-        interpreted=interpreted,
+        interpreted=device.type == "cpu" and interpreter_enabled(),
         autotune=autotune.enabled(device),
         capability=_capability(device),
     )
 
 
 def plan_call(
+    stage: Stage,
     x,
     field: Field,
     sampling: Sampling,
     *,
-    grad=None,
     outputs: Outputs = Outputs(),
     deterministic: bool = False,
     device: torch.device | None = None,
 ) -> GpuPlan:
     """The plan of a call: :func:`describe_call`, then :func:`.planner.make_plan`."""
     return make_plan(
-        describe_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic, device=device)
+        describe_call(stage, x, field, sampling, outputs=outputs, deterministic=deterministic, device=device)
     )
 
 
@@ -129,7 +124,7 @@ class TritonBackend:
         return device.type == "cuda" or (device.type == "cpu" and interpreter_enabled())
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
-        plan = plan_call(x, field, sampling)
+        plan = plan_call(Stage.FORWARD, x, field, sampling)
         y = torch.empty(
             tuple(x.shape[:2]) + field.out_sizes,
             dtype=store_dtype(x.dtype),
@@ -151,16 +146,18 @@ class TritonBackend:
         field: Field,
         sampling: Sampling,
         outputs: Outputs,
-        deterministic: bool,
+        deterministic: bool | None,
     ) -> Gradients:
         """(dx, dfield, dtheta): dfield laid out as :meth:`.sampling.Field.gradient_format` says."""
-        plan = plan_call(x, field, sampling, grad=grad, outputs=outputs, deterministic=deterministic)
+        if deterministic is None:
+            deterministic = torch.are_deterministic_algorithms_enabled()
+        plan = plan_call(Stage.BACKWARD, x, field, sampling, outputs=outputs, deterministic=deterministic)
         dfield = None
         if outputs.dfield:
             dfield = torch.empty_like(
                 field.tensor, dtype=store_dtype(field.tensor.dtype), memory_format=field.gradient_format()
             )
-            if plan.field_pass == FieldPass.ZEROS:
+            if plan.passes.field == Gradient.ZEROS:
                 dfield.zero_()
         dx = None
         if plan.dx == DxMethod.ATOMIC:
@@ -185,9 +182,9 @@ def _theta_gradient(plan: GpuPlan, moments, x, field: Field, sampling: Sampling)
     """theta's gradient (N, 3, 4) in theta's dtype, rounded once: the walk's partial row moments summed over their
     column blocks and then over the rows in float64, in a fixed order (:mod:`gridsampler3d.affine`); zero where
     the plan says so (nearest); None where not asked for."""
-    if plan.theta_pass == FieldPass.NONE:
+    if plan.passes.theta == Gradient.NONE:
         return None
-    if plan.theta_pass == FieldPass.ZEROS:
+    if plan.passes.theta == Gradient.ZEROS:
         return torch.zeros_like(field.theta)
     row_moments = moments.data.sum(dim=1)
     matrix_grad = matrix_gradient(row_moments, field.theta.shape[0], field.out_sizes)
@@ -215,7 +212,7 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operand
     """y by the tricubic forward kernel, flat over points and channel blocks; ``operands`` as :func:`_forward`'s."""
     _, _, bicubic = kernels()
     operand, y = operands
-    points, tile = points_of(x, field), plan.tile
+    points, tile = field.points, plan.tile
     bicubic.bicubic_fwd_kernel[(-(-points // tile.block_w), -(-x.shape[1] // tile.block_c))](
         volume_operand(x),
         operand,
@@ -230,14 +227,14 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operand
 
 
 def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowMoments | None:
-    """The backward kernel's walk over the points: the field's gradient (``plan.field_pass``), an affine field's
-    partial row moments (``plan.theta_pass``, returned) and, with atomics, dx (``plan.dx``); ``call`` is (grad, x,
+    """The backward kernel's walk over the points: the field's gradient (``plan.passes.field``), an affine field's
+    partial row moments (``plan.passes.theta``, returned) and, with atomics, dx (``plan.dx``); ``call`` is (grad, x,
     field, sampling, the field's voxel matrix or None). An output not written is handed over as a tensor of its
     shape that nothing writes."""
     _, backward, bicubic = kernels()
     grad, x, field, sampling, matrix = call
-    want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.field_pass == FieldPass.WALK
-    want_moments = plan.theta_pass == FieldPass.WALK
+    want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.passes.field == Gradient.COMPUTED
+    want_moments = plan.passes.theta == Gradient.COMPUTED
     dx_target = dx if want_dx else x
     dfield_target = dfield if want_dfield else None
     operands = (
@@ -266,7 +263,7 @@ def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowMoments | None:
         return found[0]
 
     if plan.interpolation == Interpolation.BICUBIC:
-        points, tile = points_of(x, field), plan.tile
+        points, tile = field.points, plan.tile
         # An affine field's programs take one output row each, so that their moments are a row's.
         launch_grid = (rows, -(-out_width // tile.block_w)) if field.kind.affine else (-(-points // tile.block_w),)
         bicubic.bicubic_bwd_kernel[launch_grid](

@@ -27,7 +27,7 @@ def grid_sampler3d_fwd_kernel(x, grid, y, sizes, RULE: tl.constexpr, ACC: tl.con
     """y (N, C, Do, Ho, Wo) from x (N, C, D, H, W) at grid (N, Do, Ho, Wo, 3); sums in ``ACC``, taps in PyTorch's order.
 
     ``x``, ``grid`` and ``y``: :class:`.records.Operand`; ``sizes``: :class:`.records.Sizes`;
-    ``RULE``: :class:`.records.Rule`; ``TILE``: :class:`.records.Tile`. Launch grid:
+    ``RULE``: :class:`.records.Rule`; ``TILE``: :class:`.records.Blocks`. Launch grid:
     ``coords.tile_points``.
     """
     channels = sizes.channels

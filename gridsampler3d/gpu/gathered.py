@@ -25,7 +25,6 @@ from .launch import (
     kernel_rule,
     kernels,
     launch_tuned,
-    points_of,
     sizes_of,
     store_dtype,
     volume_operand,
@@ -88,7 +87,7 @@ def _sorted_records(plan: GpuPlan, grad, x, field: Field, sampling: Sampling, ma
     (:class:`.records.SortedRecords`). ``matrix``: an affine field's (:func:`.launch.field_matrix`)."""
     _, backward, _ = kernels()
     batch, _, depth, height, width = x.shape
-    points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
+    points, rule, sizes = field.points, kernel_rule(sampling, field.kind), sizes_of(x, field)
     buckets = batch * (depth + 1) * (height + 1) * (width + 1)
     keys = torch.empty(points, dtype=_index_dtype(buckets + 1), device=x.device)
     tile = Tile(block_w=256)
@@ -186,7 +185,7 @@ def gathered_bicubic_dx(plan: GpuPlan, grad, x, field: Field, sampling: Sampling
     ``matrix``: an affine field's (:func:`.launch.field_matrix`)."""
     _, _, bicubic = kernels()
     batch, channels, depth, height, width = x.shape
-    points, rule, sizes = points_of(x, field), kernel_rule(sampling, field.kind), sizes_of(x, field)
+    points, rule, sizes = field.points, kernel_rule(sampling, field.kind), sizes_of(x, field)
     voxel_count = batch * depth * height * width
     dx = torch.empty_like(
         x, dtype=torch.float32 if x.dtype == torch.float32 else torch.float64, memory_format=memory_format_of(x)

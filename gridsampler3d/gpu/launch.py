@@ -10,7 +10,6 @@ import os
 import torch
 
 from ..affine import voxel_matrix
-from ..layout import memory_format_of
 from ..sampling import Field, FieldKind, Sampling
 from . import autotune
 from .planner import GpuPlan
@@ -26,7 +25,6 @@ __all__ = [
     "kernels",
     "launch_tuned",
     "patch_grid",
-    "points_of",
     "sizes_of",
     "store_dtype",
     "volume_operand",
@@ -109,8 +107,8 @@ def sizes_of(x, field: Field) -> Sizes:
 
 def launch_tuned(kernel: str, plan: GpuPlan, x: torch.Tensor, launch, gather: bool = False) -> None:
     """Launch the plan's kernel (or with ``gather`` its gather kernel) with the shape :mod:`.autotune` chose among
-    the plan's candidates for (kernel, interpolation, dtype, layout, channels, device), timed once per key where
-    the plan says the launch is tuned; else with the plan's shape."""
+    the plan's candidates for (kernel, the plan's ``tune_key``, device), timed once per key where the plan says
+    the launch is tuned; else with the plan's shape."""
     tuned, tile, candidates = (
         (plan.gather_tuned, plan.gather_tile, plan.gather_candidates)
         if gather
@@ -119,15 +117,8 @@ def launch_tuned(kernel: str, plan: GpuPlan, x: torch.Tensor, launch, gather: bo
     if not (tuned and autotune.enabled(x.device)):
         launch(tile)
         return
-    layout = "NDHWC" if memory_format_of(x) == torch.channels_last_3d else "NCDHW"
     # The device too: a process may drive GPUs of different kinds.
-    key = (
-        f"{kernel} {plan.interpolation.name.lower()}",
-        str(x.dtype).removeprefix("torch."),
-        layout,
-        1 << max(0, x.shape[1] - 1).bit_length(),
-        str(x.device),
-    )
+    key = (kernel, *plan.tune_key, str(x.device))
     launch(autotune.TUNER.choose(key, list(candidates), launch))
 
 
@@ -135,9 +126,3 @@ def patch_grid(batch: int, out_sizes, tile) -> tuple[int, int]:
     """The launch grid of a plan's patches (``coords.tile_points``)."""
     out_depth, out_height, out_width = out_sizes
     return (batch * -(-out_depth // tile.block_d) * -(-out_height // tile.block_h), -(-out_width // tile.block_w))
-
-
-def points_of(x, field: Field) -> int:
-    """The call's output points, N * Do * Ho * Wo."""
-    out_depth, out_height, out_width = field.out_sizes
-    return x.shape[0] * out_depth * out_height * out_width

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 
+from ..dtypes import HALF_NAMES
 from ..modes import Interpolation
-from ..sampling import FieldKind, Outputs, Sampling
+from ..problem import Gradient, Passes, Problem, Stage
 from . import records
 
-__all__ = ["DxMethod", "FieldPass", "GpuCall", "GpuPlan", "Stage", "Tile", "make_plan"]
+__all__ = ["DxMethod", "GpuCall", "GpuPlan", "Stage", "Tile", "make_plan"]
 
 # Points per partial sum of a long bucket in the deterministic trilinear dx (a bucket longer
 # than this is summed in chunks of it, one lane each, then chunk by chunk).
@@ -37,13 +37,6 @@ WIDEST_CHANNEL_BLOCK = 16
 INTERPRETED_SCALE = 8
 
 
-class Stage(enum.Enum):
-    """The pass a call runs: the forward (y) or the backward (dx and the field's gradient)."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-
-
 class DxMethod(enum.Enum):
     """How the backward computes dx."""
 
@@ -51,16 +44,6 @@ class DxMethod(enum.Enum):
     ATOMIC = "atomic"  # the fast mode: the backward kernel adds grad * weight into each tap with atomics
     GATHERED = "gathered"  # deterministic: points bucketed by cell, sorted, each voxel gathers its buckets in order
     SORTED_TAPS = "sorted taps"  # deterministic tricubic: (point, tap) entries sorted by voxel, gathered per chunk
-
-
-class FieldPass(enum.Enum):
-    """How the backward computes the field tensor's gradient, or an affine field's theta's."""
-
-    NONE = "none"  # not asked for
-    ZEROS = "zeros"  # nearest: zero everywhere, no pass
-    # In the backward kernel's walk over the points, a per-point sum over channels and taps; for theta, reduced
-    # to partial row moments there, summed by the engine in float64 (gpu.records.RowMoments).
-    WALK = "walk"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,42 +64,31 @@ class Tile:
         return f"{points} x {self.block_c} channel{'s' * (self.block_c > 1)}, {self.num_warps} warps"
 
     def keywords(self) -> dict:
-        """The kernels' launch keywords: the constexpr ``TILE`` (:class:`.records.Tile`, this shape's block sizes)
+        """The kernels' launch keywords: the constexpr ``TILE`` (:class:`.records.Blocks`, this shape's block sizes)
         and the launch option ``num_warps``."""
         return {
-            "TILE": records.constexpr_members(records.Tile(self.block_w, self.block_c, self.block_h, self.block_d)),
+            "TILE": records.constexpr_members(records.Blocks(self.block_w, self.block_c, self.block_h, self.block_d)),
             "num_warps": self.num_warps,
         }
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuCall:
-    """What the GPU planner knows of a call. Sizes are (D, H, W) of the input and (Do, Ho, Wo) of the output.
+class GpuCall(Problem):
+    """What the GPU planner knows of a call: the :class:`.problem.Problem` (shapes, dtype, the sampling rule, the
+    kind of field, the outputs asked for) and what the GPU engine alone reads.
 
     ``channels_adjacent``: x's channels are adjacent in memory (channels-last, more than
-    one channel), so a program can read a tap's channel vector at once. ``interpreted``:
-    the kernels run through Triton's interpreter. ``autotune``: launches on this device may
-    be tuned (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor).
+    one channel), so a program can read a tap's channel vector at once. ``deterministic``:
+    the backward's sums run in a fixed order. ``interpreted``: the kernels run through
+    Triton's interpreter. ``autotune``: launches on this device may be tuned
+    (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor).
     """
 
-    stage: Stage
-    batch: int
-    channels: int
-    sizes: tuple
-    out_sizes: tuple
-    dtype: str = "float32"
-    sampling: Sampling = Sampling()
-    field: FieldKind = FieldKind.GRID
-    outputs: Outputs = Outputs()
     channels_adjacent: bool = False
     deterministic: bool = False
     interpreted: bool = False
     autotune: bool = True
     capability: tuple = (9, 0)
-
-    @property
-    def points(self) -> int:
-        return self.batch * math.prod(self.out_sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +98,8 @@ class GpuPlan:
     ``tile`` is the launch shape of the call's main kernel (the forward, or the backward's
     walk over the points, which ``walk`` says runs at all); ``candidates`` the shapes (the
     first is ``tile``) whose results are the same, which the tuner may time instead, and
-    ``tuned`` whether it does. ``dx``, ``field_pass`` and ``theta_pass`` say how the backward's
+    ``tuned`` whether it does, under ``tune_key`` (:func:`tune_key`). ``dx`` and ``passes`` (:func:`.problem.passes`;
+    a gradient computed is computed in the walk) say how the backward's
     outputs are made; the deterministic gather launches with ``gather_tile`` (among ``gather_candidates``,
     timed where ``gather_tuned``), summing buckets longer than
     ``chunk`` points in chunks of that many (:data:`DxMethod.GATHERED`), or sorting ``chunk``
@@ -141,8 +114,8 @@ class GpuPlan:
     tuned: bool = False
     walk: bool = True
     dx: DxMethod = DxMethod.NONE
-    field_pass: FieldPass = FieldPass.NONE
-    theta_pass: FieldPass = FieldPass.NONE
+    passes: Passes = Passes()
+    tune_key: tuple = ()
     gather_tile: Tile | None = None
     gather_candidates: tuple = ()
     gather_tuned: bool = False
@@ -166,17 +139,17 @@ class GpuPlan:
         if self.stage == Stage.BACKWARD:
             words.append(
                 {
-                    FieldPass.NONE: "",
-                    FieldPass.ZEROS: "field gradient zero",
-                    FieldPass.WALK: "field gradient in the walk over points",
-                }[self.field_pass]
+                    Gradient.NONE: "",
+                    Gradient.ZEROS: "field gradient zero",
+                    Gradient.COMPUTED: "field gradient in the walk over points",
+                }[self.passes.field]
             )
             words.append(
                 {
-                    FieldPass.NONE: "",
-                    FieldPass.ZEROS: "theta gradient zero",
-                    FieldPass.WALK: "theta gradient from the walk's row moments, summed in float64",
-                }[self.theta_pass]
+                    Gradient.NONE: "",
+                    Gradient.ZEROS: "theta gradient zero",
+                    Gradient.COMPUTED: "theta gradient from the walk's row moments, summed in float64",
+                }[self.passes.theta]
             )
             words.append(_dx_words(self))
         return ", ".join(word for word in words if word)
@@ -252,7 +225,29 @@ def flat_tile(call: GpuCall, elements: int = 1024) -> Tile:
 def _sums(call: GpuCall, exact_half: bool = False) -> str:
     """The precision of sums for the call's dtype: float64 for float64, and for half types where ``exact_half``
     (a sum rounded to half precision once: docs/semantics.md, "Dtypes"); else float32."""
-    return "float64" if call.dtype == "float64" or (exact_half and call.dtype in ("float16", "bfloat16")) else "float32"
+    return "float64" if call.dtype == "float64" or (exact_half and call.dtype in HALF_NAMES) else "float32"
+
+
+def tune_key(call: GpuCall) -> tuple:
+    """What the tuner keys a launch shape it measured on: everything that can change the best shape. The stage, the
+    interpolation and padding, the dtype, the layout (adjacent channels), the kind of field, the outputs,
+    determinism, and the batch, channels, input sizes and output sizes, each rounded up to a power of two (so that
+    calls of similar shapes share one measurement)."""
+    bucket = _power_of_two_above
+    return (
+        call.stage.value,
+        call.sampling.interpolation.name.lower(),
+        call.sampling.padding.name.lower(),
+        call.dtype,
+        call.channels_adjacent,
+        call.field.name.lower(),
+        tuple(call.outputs),
+        call.deterministic,
+        bucket(call.batch),
+        bucket(call.channels),
+        tuple(bucket(size) for size in call.sizes),
+        tuple(bucket(size) for size in call.out_sizes),
+    )
 
 
 def make_plan(call: GpuCall) -> GpuPlan:
@@ -270,6 +265,7 @@ def _forward_plan(call: GpuCall) -> GpuPlan:
         sums=_sums(call),
         capability=call.capability,
         interpreted=call.interpreted,
+        tune_key=tune_key(call),
     )
     if interpolation == Interpolation.BICUBIC:
         # 128 points, or 16 x 16 (point, channel): no spills
@@ -282,10 +278,8 @@ def _forward_plan(call: GpuCall) -> GpuPlan:
 def _backward_plan(call: GpuCall) -> GpuPlan:
     interpolation = call.sampling.interpolation
     bicubic = interpolation == Interpolation.BICUBIC
-    field_pass, theta_pass = (
-        FieldPass.NONE if not wanted else FieldPass.ZEROS if interpolation == Interpolation.NEAREST else FieldPass.WALK
-        for wanted in (call.outputs.dfield, call.outputs.dtheta and call.field.affine)
-    )
+    passes = call.passes
+    in_walk = Gradient.COMPUTED in (passes.field, passes.theta)
     dx = DxMethod.NONE
     if call.outputs.dx:
         dx = DxMethod.ATOMIC if not call.deterministic else (DxMethod.SORTED_TAPS if bicubic else DxMethod.GATHERED)
@@ -293,13 +287,13 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
         stage=call.stage,
         interpolation=interpolation,
         dx=dx,
-        field_pass=field_pass,
-        theta_pass=theta_pass,
+        passes=passes,
         sums=_sums(call),
         dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC),
         capability=call.capability,
         interpreted=call.interpreted,
-        walk=dx == DxMethod.ATOMIC or FieldPass.WALK in (field_pass, theta_pass),
+        walk=dx == DxMethod.ATOMIC or in_walk,
+        tune_key=tune_key(call),
     )
     gather = _gather(call, dx)
     if bicubic:
@@ -308,7 +302,7 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
             tile = dataclasses.replace(tile, block_c=1)  # the grid gradient summed channel by channel: bit for bit
         return GpuPlan(tile=tile, **gather, **common)
     candidates = _patch_candidates(call, 128 if channel_block(call) == 1 else 256)
-    if theta_pass == FieldPass.WALK:
+    if passes.theta == Gradient.COMPUTED:
         # theta's row moments are a program's sums: patches of one row (coords.store_row_moments)
         candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_h=1, block_d=1) for tile in candidates))
     if call.dtype == "float64":
@@ -322,8 +316,8 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
         call.autotune
         and dx == DxMethod.ATOMIC
         and len(candidates) > 1
-        and (field_pass != FieldPass.WALK or candidates[0].block_c == 1)
-        and theta_pass != FieldPass.WALK
+        and (passes.field != Gradient.COMPUTED or candidates[0].block_c == 1)
+        and passes.theta != Gradient.COMPUTED
     )
     return GpuPlan(tile=candidates[0], candidates=candidates, tuned=tuned, **gather, **common)
 

@@ -4,7 +4,7 @@
 A kernel never takes a tensor and its strides as loose arguments: an :class:`Operand`
 carries both (at launch a torch tensor, inside the kernel a pointer), :class:`Sizes`
 carries every size, and the compile-time choices travel as constexpr records: the call's
-:class:`Rule` (made by :func:`.launch.kernel_rule` only), the launch's :class:`Tile`
+:class:`Rule` (made by :func:`.launch.kernel_rule` only), the launch's :class:`Blocks`
 (:meth:`.planner.Tile.keywords`) and the outputs asked for
 (:class:`~gridsampler3d.sampling.Outputs`). Triton flattens a record into its members:
 an integer member equal to 1 is specialised as a constant and a multiple of 16 gets the
@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 __all__ = [
+    "Blocks",
     "FieldOperand",
     "Operand",
     "PointStrides",
@@ -34,7 +35,6 @@ __all__ = [
     "Rule",
     "Sizes",
     "SortedRecords",
-    "Tile",
     "VolumeStrides",
     "constexpr_members",
 ]
@@ -125,9 +125,10 @@ class Rule(NamedTuple):
     field: int
 
 
-class Tile(NamedTuple):
-    """A launch's block sizes, a constexpr: ``block_d`` x ``block_h`` x ``block_w`` output points (the patch kernels;
-    the flat kernels use ``block_w`` alone, as points, voxels or chunks) times ``block_c`` channels a program."""
+class Blocks(NamedTuple):
+    """A launch's block sizes, a constexpr (the planner's :class:`.planner.Tile` without its warps): ``block_d`` x
+    ``block_h`` x ``block_w`` output points (the patch kernels; the flat kernels use ``block_w`` alone, as points,
+    voxels or chunks) times ``block_c`` channels a program."""
 
     block_w: int
     block_c: int = 1

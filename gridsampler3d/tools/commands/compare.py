@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .. import golden_kit, precision
+from ... import precision
+from ...dtypes import DTYPES, HALF_DTYPES
+from .. import golden_kit
 from ..golden_kit import Case, dtype_name
-from ..rounding import HALF_DTYPES
-from ..validate import DTYPES
 from .arguments import CliError, add_attributes, mode_value
 
 __all__ = ["OUTPUTS", "add_command", "judge", "passed", "format_report", "to_json"]

@@ -110,7 +110,7 @@ def default_case(size: int = 64, dtype=np.float32) -> dict[str, np.ndarray]:
     (1, 1, S, S, S), where ``grad`` is the gradient of 0.5 * ||warped - phantom||² with
     respect to the warped volume, so the case is what one registration step computes.
     """
-    from .api import grid_sampler3d
+    from ..api import grid_sampler3d
 
     volume, _ = phantom(size)
     volume = volume[None, None].astype(dtype)

@@ -18,7 +18,7 @@ def add_command(commands) -> None:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from .. import backends
+    from ... import backends
 
     rows = backends.describe_backends()
     width = max(len(row["name"]) for row in rows)

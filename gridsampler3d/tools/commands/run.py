@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cpu.compile_report import reporting_compiles
+from ...cpu.compile_report import reporting_compiles
 from .arguments import CliError, add_attributes, load_array, mode_value, to_stderr
 
 __all__ = ["add_command"]
@@ -27,7 +27,8 @@ def add_command(commands) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .. import api, inputs
+    from ... import api
+    from .. import inputs
 
     given = {name: getattr(args, name) for name in ("grad", "input", "grid")}
     if any(given.values()) and not all(given.values()):

@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from .. import api, precision
-from ..backends import BACKENDS
-from ..cpu.compile_report import reporting_compiles
-from ..validate import DTYPES
+from ... import api, precision
+from ...backends import BACKENDS
+from ...cpu.compile_report import reporting_compiles
+from ...dtypes import DTYPES
 from .arguments import CliError, require_device, to_stderr
 
 __all__ = ["add_command", "run_check", "format_row", "HEADER"]

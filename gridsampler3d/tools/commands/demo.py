@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from ...cpu.compile_report import reporting_compiles
+from ...nn import Warp3d
 from .. import inputs
-from ..cpu.compile_report import reporting_compiles
-from ..torch_ops import Warp3d
 from .arguments import CliError, require_device, to_stderr
 
 __all__ = ["run_demo", "dice_scores", "normalised_cross_correlation"]
@@ -93,6 +92,16 @@ def normalised_cross_correlation(volume: torch.Tensor, reference: torch.Tensor) 
     a = volume.double().flatten() - volume.double().mean()
     b = reference.double().flatten() - reference.double().mean()
     return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-300))
+
+
+def _progress_bar():
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise RuntimeError(
+            "the demo shows its progress with tqdm, which is not installed; pip install 'gridsampler3d[bench]'"
+        ) from None
+    return tqdm
 
 
 def _pyplot():
@@ -206,7 +215,8 @@ def run_demo(
     lattice = torch.zeros(1, 3, lattice_size, lattice_size, lattice_size, device=device, requires_grad=True)
     optimiser = torch.optim.Adam([lattice], lr=LEARNING_RATE)
     losses, mses = [], []
-    with tqdm(total=steps, desc="registering", unit="step", file=sys.stderr, disable=not progress) as bar:
+    progress_bar = _progress_bar()
+    with progress_bar(total=steps, desc="registering", unit="step", file=sys.stderr, disable=not progress) as bar:
         for _ in range(steps):
             optimiser.zero_grad(set_to_none=True)
             displacement = _upsample(lattice, size)

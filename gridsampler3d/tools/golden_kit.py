@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import precision
-from .modes import parse_align_corners, parse_data_format, parse_interpolation, parse_padding
-from .validate import DTYPES, check_backward
+from .. import precision
+from ..call import parse_call, parse_options
+from ..dtypes import DTYPES, dtype_name
+from ..modes import parse_data_format
+from ..sampling import FieldKind
 
 __all__ = [
     "CASE_SET",
@@ -132,11 +134,6 @@ class Case:
             "align_corners": self.align_corners,
             "data_format": self.data_format,
         }
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """ "float16" for torch.float16, and so on."""
-    return str(dtype).removeprefix("torch.")
 
 
 def case_set(count: int | None = None, dtypes=tuple(DTYPES)) -> list[tuple[CaseSpec, str]]:
@@ -324,18 +321,24 @@ def read_array(path, *, label: str, dtype: torch.dtype | None = None, shape=None
 
 def make_case(grad, input, grid, *, interpolation_mode, padding_mode, align_corners, data_format) -> Case:
     """A :class:`Case` of checked operands (one dtype, consistent shapes) and normalised attribute names."""
-    data_format = parse_data_format(data_format)
-    grad, input, grid = check_backward(grad, input, grid, data_format)
+    options = parse_options(interpolation_mode, padding_mode, align_corners, data_format=data_format)
+    call = parse_call(FieldKind.GRID, options, input, grid=grid, grad=grad, runs=False, where="golden kit")
+    sampling, layout = options.sampling, options.data_format
     return Case(
-        dtype=input.dtype,
-        data_format=data_format.value,
-        interpolation_mode=parse_interpolation(interpolation_mode).name.lower(),
-        padding_mode=parse_padding(padding_mode).name.lower(),
-        align_corners=parse_align_corners(align_corners),
-        grad=grad,
-        input=input,
-        grid=grid,
+        dtype=call.x.dtype,
+        data_format=layout.value,
+        interpolation_mode=sampling.interpolation.name.lower(),
+        padding_mode=sampling.padding.name.lower(),
+        align_corners=sampling.align_corners,
+        grad=_caller_layout(call.grad, layout),
+        input=_caller_layout(call.x, layout),
+        grid=call.field.tensor,
     )
+
+
+def _caller_layout(tensor, layout):
+    """A logical NCDHW view back in ``layout`` (a view of the same tensor, as the caller gave it)."""
+    return tensor.permute(0, 2, 3, 4, 1) if layout.value == "NDHWC" else tensor
 
 
 def _case_field(description: dict, key: str, kind: type, path: Path):

@@ -1,14 +1,14 @@
-"""The ``bench`` command: the benchmark suite (:mod:`gridsampler3d.bench`) against PyTorch, as tables and files."""
+"""The ``bench`` command: the benchmark suite (:mod:`gridsampler3d.tools.bench`) against PyTorch, as tables and files
+(JSON, a plot). ``benchmarks/publish.py`` writes the project's BENCHMARKS.md and README table from a run."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..cpu.compile_report import reporting_compiles
+from ...cpu.compile_report import reporting_compiles
 from .arguments import CliError, require_device, to_stderr
 
-__all__ = ["add_command"]
+__all__ = ["add_command", "thread_counts"]
 
 
 def add_command(commands) -> None:
@@ -26,16 +26,6 @@ def add_command(commands) -> None:
     bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     bench.add_argument(
-        "--out",
-        help="write a Markdown document of the run (machine, versions, date, a table per "
-        "thread count), as BENCHMARKS.md is written",
-    )
-    bench.add_argument(
-        "--readme",
-        help="rewrite the speed table of this README (the block between its "
-        "'<!-- speed-table' and '<!-- /speed-table -->' lines) from the run",
-    )
-    bench.add_argument(
         "--explain",
         action="store_true",
         help="print each case's plan (the CPU engine's strategy and its parameters) under its times",
@@ -43,7 +33,7 @@ def add_command(commands) -> None:
     bench.set_defaults(handler=_bench)
 
 
-def _thread_counts(value: str | None) -> list:
+def thread_counts(value: str | None) -> list:
     """``--threads``: None (torch's setting), or one count or several ("1,2"), each at least 1."""
     if value is None:
         return [None]
@@ -59,10 +49,8 @@ def _thread_counts(value: str | None) -> list:
 def _bench(args: argparse.Namespace) -> int:
     from .. import bench
 
-    counts = _thread_counts(args.threads)
+    counts = thread_counts(args.threads)
     require_device(args.device)
-    if args.readme:
-        _rewrite_readme(Path(args.readme), None)  # checked before the run, written after it
     reports = []
     with reporting_compiles(to_stderr) as compiles:
         for threads in counts:
@@ -91,31 +79,4 @@ def _bench(args: argparse.Namespace) -> int:
         for report in reports:
             print()
             print(bench.format_table(report))
-    if args.out:
-        try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(bench.format_document(reports, args.command_line))
-        except OSError as error:
-            raise CliError(f"--out: cannot write {args.out} ({error})") from None
-        print(f"wrote {args.out}")
-    if args.readme:
-        try:
-            table = bench.format_readme_table(reports)
-        except ValueError as error:
-            raise CliError(f"--readme: {error}") from None
-        _rewrite_readme(Path(args.readme), table)
-        print(f"wrote the speed table of {args.readme}")
     return 0
-
-
-def _rewrite_readme(path: Path, table: str | None) -> None:
-    """``--readme``: the speed table of the README at ``path`` replaced by ``table`` (None: only check that it has
-    one to replace)."""
-    from .. import bench
-
-    try:
-        text = bench.replace_readme_table(path.read_text(), table or "")
-        if table is not None:
-            path.write_text(text)
-    except (OSError, ValueError) as error:
-        raise CliError(f"--readme: cannot rewrite {path} ({error})") from None
