@@ -37,7 +37,7 @@ import gridsampler3d
 from gridsampler3d.tools.bench.suite import build_inputs, select_cases
 
 
-def _load_other(checkout: Path, plain: bool = False):
+def load_other(checkout: Path, plain: bool = False):
     """The ``gridsampler3d`` package of another checkout, imported as ``gridsampler3d_other`` (on the plain path)."""
     if plain:
         os.environ["GRIDSAMPLER3D_PLAIN_NUMBA"] = "1"  # read when the package's jit module is imported
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=21, help="timed pairs per case (median)")
     parser.add_argument("--other-plain", action="store_true", help="import the other package on the plain path")
     args = parser.parse_args()
-    other = _load_other(args.other.resolve(), args.other_plain)
+    other = load_other(args.other.resolve(), args.other_plain)
     torch.set_num_threads(args.threads)
     print(
         f"this checkout: {Path(gridsampler3d.__file__).parent.parent}; other: {args.other}; "

@@ -328,19 +328,6 @@ def affine_warp3d_backward(
     return _backward(call)
 
 
-_FIELD_KINDS = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
-
-
-def _parse_field_kind(value) -> FieldKind:
-    """ "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine
-    field with a displacement too)."""
-    if isinstance(value, FieldKind):
-        return FieldKind.AFFINE if value.affine else value
-    if not isinstance(value, str) or value.strip().lower() not in _FIELD_KINDS:
-        raise ValueError(f"field_kind must be one of {', '.join(map(repr, _FIELD_KINDS))}; got {value!r}")
-    return _FIELD_KINDS[value.strip().lower()]
-
-
 def explain(
     input,
     field,
@@ -378,7 +365,7 @@ def explain(
     Returns:
         A frozen plan record; ``str(plan)`` reads as one line.
     """
-    kind = _parse_field_kind(field_kind)
+    kind = validate.check_field_kind(field_kind)
     options = parse_options(
         interpolation_mode, padding_mode, align_corners, data_format=data_format, deterministic=deterministic
     )
@@ -405,11 +392,7 @@ def explain(
             deterministic=deterministic,
             device=target,
         )
-    if target.type != "cpu" or call.x.device.type != "cpu":
-        raise ValueError(
-            f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
-            f"{call.x.device} and device={target}"
-        )
+    validate.check_plan_device(target, call.x.device)
     from .cpu.engine import plan_call
 
     return plan_call(stage, call.x, call.field, options.sampling, grad=call.grad, outputs=call.outputs)

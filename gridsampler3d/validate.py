@@ -14,6 +14,7 @@ import torch
 
 from .dtypes import FLOAT_DTYPES
 from .modes import DataFormat, DisplacementFormat
+from .sampling import FieldKind
 
 __all__ = [
     "as_tensor",
@@ -30,6 +31,8 @@ __all__ = [
     "check_velocity",
     "check_volume",
     "check_device",
+    "check_field_kind",
+    "check_plan_device",
 ]
 
 _NUMPY_FLOATS = (np.float16, np.float32, np.float64)
@@ -249,6 +252,28 @@ def check_velocity(velocity, displacement_format: DisplacementFormat) -> torch.T
     if 0 in spatial:
         raise ValueError(f"velocity's spatial sizes (D, H, W) must be non-zero; got {spatial}")
     return velocity
+
+
+_FIELD_KINDS = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
+
+
+def check_field_kind(value) -> FieldKind:
+    """``explain``'s ``field_kind``: "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) ->
+    FieldKind ("affine" covers the affine field with a displacement too)."""
+    if isinstance(value, FieldKind):
+        return FieldKind.AFFINE if value.affine else value
+    if not isinstance(value, str) or value.strip().lower() not in _FIELD_KINDS:
+        raise ValueError(f"field_kind must be one of {', '.join(map(repr, _FIELD_KINDS))}; got {value!r}")
+    return _FIELD_KINDS[value.strip().lower()]
+
+
+def check_plan_device(device: torch.device, tensors_device: torch.device) -> None:
+    """``explain`` plans CPU tensors on the CPU engine (``device`` cpu), and any tensors for ``device="cuda"``."""
+    if device.type != "cpu" or tensors_device.type != "cpu":
+        raise ValueError(
+            f"explain: plans are made for CPU tensors, or for device='cuda'; got tensors on "
+            f"{tensors_device} and device={device}"
+        )
 
 
 def check_steps(steps) -> int:

@@ -29,6 +29,8 @@ import re
 import warnings
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gridsampler3d"
 
@@ -495,15 +497,86 @@ def test_the_readme_speed_table_is_what_publish_makes_of_benchmarks_md():
     assert publish.replace_readme_table(readme, made) == readme
 
 
-def test_the_readme_lists_every_public_name():
+def test_the_api_page_lists_every_public_name():
     import gridsampler3d
 
-    section = DOCS["README.md"].split("\n## API at a glance\n", 1)[1].split("\n## ", 1)[0]
+    section = DOCS["docs/api.md"].split("\n## API at a glance\n", 1)[1].split("\n## ", 1)[0]
     listed = {re.match(r"[\w.]+", span).group(0) for _, span in _spans(section) if re.match(r"[\w.]+", span)}
     missing = [name for name in gridsampler3d.__all__ if name not in listed]
-    assert not missing, f"README's API at a glance omits {', '.join(missing)}"
+    assert not missing, f"docs/api.md's API at a glance omits {', '.join(missing)}"
     for keyword in ("backend", "deterministic"):
         assert f"`{keyword}=" in section and f"`{keyword}`" in DOCS["docs/semantics.md"]
+
+
+@pytest.mark.parametrize("keyword", ["backend", "deterministic"])
+def test_semantics_md_names_every_public_name_that_takes_backend_and_deterministic(keyword):
+    """The lists in docs/semantics.md, "Backends and determinism", are every public callable with that keyword."""
+    import inspect
+
+    import gridsampler3d
+
+    section = DOCS["docs/semantics.md"].split("\n## Backends and determinism\n", 1)[1].split("\n## ", 1)[0]
+    paragraph = next(part for part in section.split("\n\n") if part.strip().startswith(f"`{keyword}` (a keyword of"))
+    named = set(re.findall(r"`(\w+)`", paragraph)) - {keyword}
+    taking = {
+        name
+        for name in gridsampler3d.__all__
+        if callable(getattr(gridsampler3d, name))
+        and not isinstance(getattr(gridsampler3d, name), type)
+        and keyword in inspect.signature(getattr(gridsampler3d, name)).parameters
+    }
+    assert named == taking
+
+
+def test_every_module_is_in_the_one_module_list():
+    """docs/architecture.md's list names every module of the package, each under its folder, once."""
+    block = DOCS["docs/architecture.md"].split("\n## The modules\n", 1)[1].split("```", 2)[1]
+    listed, folder = set(), ""
+    for line in block.splitlines()[1:]:
+        name = line.strip().split(" ", 1)[0]
+        depth = (len(line) - len(line.lstrip())) // 2
+        if depth == 1:
+            folder = name if name.endswith("/") else ""
+            listed.add(name)
+        elif depth == 2 and folder:
+            listed.add(folder + name)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        parts = relative.split("/")
+        if parts[-1] == "__init__.py" and len(parts) > 1:
+            continue
+        # A module at the top or one folder down is named itself; deeper ones by their folder (tools/commands/).
+        expected = relative if len(parts) <= 2 else "/".join(parts[:2]) + "/"
+        assert expected in listed, f"docs/architecture.md's module list omits gridsampler3d/{relative}"
+
+
+def test_the_front_door_raises_no_input_error_of_its_own():
+    """Every check of a call's arguments lives in validate.py (the attributes' names and codes in modes.py): the
+    modules in front of the engines raise no TypeError, ValueError or NotImplementedError themselves."""
+    front = ["api.py", "call.py", "nn.py", "autograd.py", "backends.py", "patch.py", "sampling.py", "layout.py"]
+    found = []
+    for name in front:
+        for node in ast.walk(ast.parse((PACKAGE / name).read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(call, ast.Name) and call.id in ("TypeError", "ValueError", "NotImplementedError"):
+                    found.append(f"{name}:{node.lineno}")
+    assert not found, f"input errors raised outside validate.py and modes.py: {found}"
+
+
+def test_the_readme_says_which_half_precision_sums_run_in_float32():
+    """The README's claim about half precision holds for both engines' plans: float64 sums on the CPU and in the
+    GPU's deterministic dx, float32 in the GPU's forward and fast dx."""
+    import dataclasses
+
+    from gridsampler3d.gpu.planner import GpuCall, Stage, make_plan
+
+    claim = next(line for line in DOCS["README.md"].split("\n- ") if line.startswith("**Half precision"))
+    assert "sum in float64" in claim and "sum in float32" in " ".join(claim.split())
+    call = GpuCall(Stage.BACKWARD, 1, 4, (8, 8, 8), (8, 8, 8), dtype="float16")
+    assert make_plan(dataclasses.replace(call, stage=Stage.FORWARD)).sums == "float32"
+    assert make_plan(call).dx_sums == "float32"
+    assert make_plan(dataclasses.replace(call, deterministic=True)).dx_sums == "float64"
 
 
 def test_the_make_targets_the_readme_names_exist():

@@ -1,5 +1,4 @@
-"""Every example in README.md runs and prints what the README shows; its command lines parse; its layout of the
-code names every module.
+"""Every example in README.md and docs/api.md runs and prints what the page shows; their command lines parse.
 
 A ```python block directly followed by a ```text block prints that text (``...`` in it stands for any
 text, and runs of white space compare equal); a ```python block with no ```text block after it prints
@@ -17,7 +16,9 @@ import pytest
 
 from gridsampler3d.tools import cli
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = {name: (ROOT / name).read_text() for name in ("README.md", "docs/api.md")}
+README = PAGES["README.md"]
 
 
 class Block(NamedTuple):
@@ -30,13 +31,14 @@ class Block(NamedTuple):
 class Example(NamedTuple):
     code: str
     line: int
-    output: str | None  # what the README shows it prints, None where it shows nothing
+    output: str | None  # what the page shows it prints, None where it shows nothing
+    page: str = "README.md"
 
 
-def _blocks() -> list[Block]:
-    """Each fenced block, in order."""
+def _blocks(text: str = README) -> list[Block]:
+    """Each fenced block of ``text``, in order."""
     blocks, opened, language, lines = [], None, None, []
-    for number, line in enumerate(README.splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.startswith("```") and opened is None:
             opened, language, lines = number, line[3:].strip(), []
         elif line.startswith("```"):
@@ -47,10 +49,10 @@ def _blocks() -> list[Block]:
     return blocks
 
 
-def _examples() -> list[Example]:
-    """The ```python blocks, each with the ```text block that follows it (blank lines apart at most)."""
-    blocks, examples = _blocks(), []
-    readme_lines = README.splitlines()
+def _examples(page: str = "README.md") -> list[Example]:
+    """The ```python blocks of ``page``, each with the ```text block that follows it (blank lines apart at most)."""
+    blocks, examples = _blocks(PAGES[page]), []
+    readme_lines = PAGES[page].splitlines()
     for block, after in zip(blocks, blocks[1:] + [None]):
         if block.language != "python":
             continue
@@ -59,14 +61,14 @@ def _examples() -> list[Example]:
             and after.language == "text"
             and not any(line.strip() for line in readme_lines[block.end : after.line - 1])
         )
-        examples.append(Example(block.text, block.line, after.text if follows else None))
+        examples.append(Example(block.text, block.line, after.text if follows else None, page))
     return examples
 
 
-# The "Deploy with ONNX" example stands alone: it needs the onnx extra, which the test extra leaves out.
+# The "Deploy with ONNX" example (docs/api.md) stands alone: it needs the onnx extra, which the test extra leaves out.
 PYTHON_EXAMPLES = [example for example in _examples() if "onnxruntime" not in example.code]
-ONNX_EXAMPLES = [example for example in _examples() if "onnxruntime" in example.code]
-PLAIN_BLOCKS = [block.text for block in _blocks() if block.language == ""]
+ONNX_EXAMPLES = [example for page in PAGES for example in _examples(page) if "onnxruntime" in example.code]
+PLAIN_BLOCKS = [block.text for page in PAGES.values() for block in _blocks(page) if block.language == ""]
 
 
 def _command_lines():
@@ -81,13 +83,13 @@ def _command_lines():
 
 
 def _run(example: Example, namespace: dict) -> None:
-    """Run ``example`` in ``namespace`` and compare what it prints with what the README shows."""
+    """Run ``example`` in ``namespace`` and compare what it prints with what its page shows."""
     printed = io.StringIO()
-    # Blank lines first, so that a traceback names the example's line in README.md.
-    code = compile("\n" * example.line + example.code, "README.md", "exec")
+    # Blank lines first, so that a traceback names the example's line in its page.
+    code = compile("\n" * example.line + example.code, example.page, "exec")
     with contextlib.redirect_stdout(printed):
-        exec(code, namespace)  # noqa: S102 - the README's own examples
-    where = f"README.md, the example at line {example.line}"
+        exec(code, namespace)  # noqa: S102 - the docs' own examples
+    where = f"{example.page}, the example at line {example.line}"
     if example.output is None:
         assert not printed.getvalue(), f"{where} prints what the README does not show:\n{printed.getvalue()}"
     else:
@@ -117,7 +119,7 @@ def test_the_explain_example_shows_the_plan_it_returns():
     assert example.output is not None and example.output.strip() == str(plan)
 
 
-@pytest.mark.parametrize("example", ONNX_EXAMPLES, ids=lambda example: f"line-{example.line}")
+@pytest.mark.parametrize("example", ONNX_EXAMPLES, ids=lambda example: f"{example.page}-line-{example.line}")
 def test_onnx_example_runs(example, tmp_path, monkeypatch):
     """The "Deploy with ONNX" example, on its own, in a scratch directory (it writes warp.onnx)."""
     for module in ("onnx", "onnxruntime", "onnxscript"):
@@ -125,6 +127,10 @@ def test_onnx_example_runs(example, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _run(example, {})
     assert (tmp_path / "warp.onnx").exists()
+
+
+def test_the_api_page_shows_how_to_deploy_with_onnx():
+    assert [example.page for example in ONNX_EXAMPLES] == ["docs/api.md"]
 
 
 @pytest.mark.parametrize("command", _command_lines())
@@ -138,39 +144,3 @@ def test_command_lines_parse(command):
 def test_builtin_run_example_executes(tmp_path):
     assert cli.main(["run", "--size", "16", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "dx.npy").exists() and (tmp_path / "dgrid.npy").exists()
-
-
-PACKAGE = Path(__file__).resolve().parents[1] / "gridsampler3d"
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-
-
-def _layout_entries() -> dict[str, str]:
-    """The README's "Layout of the code" block: entry name -> its description, continuation lines joined."""
-    block = README.split("## Layout of the code", 1)[1].split("```", 2)[1]
-    entries, name = {}, None
-    for line in block.splitlines():
-        if line.startswith("  ") and not line.startswith("   "):
-            name, _, text = line.strip().partition(" ")
-            entries[name] = text
-        elif line.startswith("   ") and name is not None:
-            entries[name] += " " + line.strip()
-    return entries
-
-
-def test_readme_layout_names_every_module():
-    entries = _layout_entries()
-    for module in sorted(PACKAGE.glob("*.py")):
-        if module.name != "__init__.py":
-            assert module.name in entries, f"README's layout omits gridsampler3d/{module.name}"
-    for folder in ("cpu", "gpu", "commands"):
-        for module in sorted((PACKAGE / folder).glob("*.py")):
-            if module.name != "__init__.py":
-                assert module.stem in entries[f"{folder}/"], f"README's layout omits {folder}/{module.name}"
-
-
-@pytest.mark.parametrize("engine", ["cpu", "gpu"])
-def test_engine_notes_name_every_module(engine):
-    notes = (DOCS / f"{engine}.md").read_text()
-    for module in sorted((PACKAGE / engine).glob("*.py")):
-        if module.name != "__init__.py":
-            assert f"`{module.name}`" in notes, f"docs/{engine}.md omits {module.name}"
