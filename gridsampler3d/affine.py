@@ -46,23 +46,23 @@ __all__ = [
 ]
 
 
-def _per_matrix(rows_of, values, *constants):
-    """``rows_of(entries, *constants)`` for the (3, 4) matrices of ``values`` (N, 3, 4), as an (N, 3, 4) float64 array
-    of ``values``' kind; ``rows_of`` reads ``entries[i][j]``, each the (N,) entries of the batch, and returns three
-    rows of four: elementwise operations, the same bits for NumPy, torch or Python floats.
+def _per_matrix(entries_of, values, *constants):
+    """``entries_of(entries, *constants, out)`` for the (3, 4) matrices of ``values`` (N, 3, 4), as an (N, 3, 4)
+    float64 array of ``values``' kind.
 
-    NumPy's results are written into one array (``np.stack`` costs more calls than the
-    arithmetic); torch's are stacked, which keeps them differentiable.
+    ``entries_of`` reads the matrix's 12 entries in row-major order (``entries[4 * i + j]``,
+    each the (N,) entries of the batch) and writes the result's 12 into ``out``: elementwise
+    operations, so that NumPy arrays, torch tensors, Python floats and the CPU engine's
+    compiled copy of the same function (``cpu/theta.py``) give the same bits. Torch's
+    results are stacked, which keeps them differentiable.
     """
     if isinstance(values, np.ndarray):
-        rows = rows_of(values.transpose(1, 2, 0), *constants)
-        matrix = np.empty(values.shape)
-        for i in range(3):
-            for j in range(4):
-                matrix[:, i, j] = rows[i][j]
-        return matrix
-    rows = rows_of(values.permute(1, 2, 0), *constants)
-    return torch.stack([torch.stack(row, dim=1) for row in rows], dim=1)
+        out = np.empty((12, values.shape[0]))
+        entries_of(values.reshape(-1, 12).T, *constants, out)
+        return out.T.reshape(-1, 3, 4)
+    out = [None] * 12
+    entries_of(values.reshape(-1, 12).T, *constants, out)
+    return torch.stack(out, dim=1).reshape(-1, 3, 4)
 
 
 def _slope(size: int, align_corners: bool) -> float:
@@ -70,9 +70,9 @@ def _slope(size: int, align_corners: bool) -> float:
     return (size - 1) * 0.5 if align_corners else size * 0.5
 
 
-def _axes(in_sizes, out_sizes, align_corners: bool):
-    """(s_in per x, y, z; s_out per w, h, d, None for an axis whose normalised coordinate is always 0; b): the
-    slopes of :func:`_slope`, written out once here, kept by sizes."""
+def axes(in_sizes, out_sizes, align_corners: bool) -> tuple:
+    """(s_in per x, y, z; s_out per w, h, d, 0.0 for an axis whose normalised coordinate is always 0; b): the
+    slopes of :func:`_slope` as tuples of floats, kept by sizes (the constants of the entry-wise functions)."""
     key = (*in_sizes, *out_sizes, align_corners)
     try:
         return _AXES[key]
@@ -88,14 +88,14 @@ def _axes(in_sizes, out_sizes, align_corners: bool):
 _AXES: dict = {}
 
 
-def _slopes(in_sizes, out_sizes, align_corners: bool):
+def _slopes(in_sizes, out_sizes, align_corners: bool) -> tuple:
     depth, height, width = in_sizes
     out_depth, out_height, out_width = out_sizes
-    if align_corners:
-        s_in = [(width - 1) * 0.5, (height - 1) * 0.5, (depth - 1) * 0.5]
-        s_out = [None if size == 1 else (size - 1) * 0.5 for size in (out_width, out_height, out_depth)]
+    if align_corners:  # an output axis of one voxel: its normalised coordinate is 0 (s_out 0.0 marks it)
+        s_in = ((width - 1) * 0.5, (height - 1) * 0.5, (depth - 1) * 0.5)
+        s_out = tuple(0.0 if size == 1 else (size - 1) * 0.5 for size in (out_width, out_height, out_depth))
         return s_in, s_out, 0.0
-    return [width * 0.5, height * 0.5, depth * 0.5], [out_width * 0.5, out_height * 0.5, out_depth * 0.5], 0.5
+    return (width * 0.5, height * 0.5, depth * 0.5), (out_width * 0.5, out_height * 0.5, out_depth * 0.5), 0.5
 
 
 def voxel_matrix(theta, in_sizes, out_sizes, align_corners: bool):
@@ -103,24 +103,28 @@ def voxel_matrix(theta, in_sizes, out_sizes, align_corners: bool):
 
     ``theta`` (N, 3, 4) float64 (NumPy or torch); ``in_sizes`` and ``out_sizes`` (D, H, W).
     """
-    return _per_matrix(_voxel_rows, theta, *_axes(in_sizes, out_sizes, align_corners))
+    return _per_matrix(voxel_entries, theta, *axes(in_sizes, out_sizes, align_corners))
 
 
-def _voxel_rows(theta, s_in, s_out, shift):
-    zero = theta[0][0] * 0.0
-    rows = [None] * 3
+def voxel_entries(theta, s_in, s_out, shift, out):
+    """M's 12 entries into ``out`` from theta's 12 (row-major; see :func:`_per_matrix`), with :func:`axes`'
+    constants.
+
+    A column of an axis whose ``s_out`` is 0.0 is zero, and left out of the sums.
+    """
+    zero = theta[0] * 0.0
     for i in range(3):
-        entries = theta[i]
-        columns = [zero, zero, zero]
-        inner = entries[3] + 1.0
+        inner = theta[4 * i + 3] + 1.0
         shifted = zero
         for j in range(3):
-            if s_out[j] is not None:
-                columns[j] = (s_in[i] * entries[j]) / s_out[j]
-                inner = inner - entries[j]
-                shifted = shifted + columns[j] * shift
-        rows[i] = [*columns, (shifted + s_in[i] * inner) - shift]
-    return rows
+            if s_out[j] == 0.0:
+                out[4 * i + j] = zero
+            else:
+                column = (s_in[i] * theta[4 * i + j]) / s_out[j]
+                out[4 * i + j] = column
+                inner = inner - theta[4 * i + j]
+                shifted = shifted + column * shift
+        out[4 * i + 3] = (shifted + s_in[i] * inner) - shift
 
 
 def theta_from_voxel_matrix(matrix, in_sizes, out_sizes, align_corners: bool):
@@ -131,28 +135,27 @@ def theta_from_voxel_matrix(matrix, in_sizes, out_sizes, align_corners: bool):
     align_corners) is dropped (it multiplies 0), as is a row of an input axis that every
     position maps to index 0 (one voxel with align_corners).
     """
-    return _per_matrix(_theta_rows, matrix, *_axes(in_sizes, out_sizes, align_corners))
+    return _per_matrix(_theta_entries, matrix, *axes(in_sizes, out_sizes, align_corners))
 
 
-def _theta_rows(matrix, s_in, s_out, shift):
-    zero = matrix[0][0] * 0.0
-    rows = [None] * 3
+def _theta_entries(matrix, s_in, s_out, shift, out):
+    zero = matrix[0] * 0.0
     for i in range(3):
         if s_in[i] == 0.0:
-            rows[i] = [zero] * 4
+            for j in range(4):
+                out[4 * i + j] = zero
             continue
-        entries = matrix[i]
-        columns = [zero, zero, zero]
-        offset = entries[3] + shift
+        offset = matrix[4 * i + 3] + shift
         for j in range(3):
-            if s_out[j] is not None:
-                columns[j] = entries[j] * s_out[j] / s_in[i]
-                offset = offset - entries[j] * shift
+            if s_out[j] == 0.0:
+                out[4 * i + j] = zero
+            else:
+                out[4 * i + j] = matrix[4 * i + j] * s_out[j] / s_in[i]
+                offset = offset - matrix[4 * i + j] * shift
         offset = offset / s_in[i] - 1.0
         for j in range(3):
-            offset = offset + columns[j]
-        rows[i] = [*columns, offset]
-    return rows
+            offset = offset + out[4 * i + j]
+        out[4 * i + 3] = offset
 
 
 def matrix_gradient(row_moments, batch: int, out_sizes):
@@ -208,21 +211,22 @@ _ROW_INDICES: dict = {}
 
 def theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners: bool):
     """dL/dtheta (N, 3, 4), float64, from ``G`` (:func:`matrix_gradient`)."""
-    return _per_matrix(_theta_gradient_rows, matrix_grad, *_axes(in_sizes, out_sizes, align_corners))
+    return _per_matrix(theta_gradient_entries, matrix_grad, *axes(in_sizes, out_sizes, align_corners))
 
 
-def _theta_gradient_rows(matrix_grad, s_in, s_out, shift):
-    zero = matrix_grad[0][0] * 0.0
-    rows = [None] * 3
+def theta_gradient_entries(matrix_grad, s_in, s_out, shift, out):
+    """dtheta's 12 entries into ``out`` from G's 12 (row-major; see :func:`_per_matrix`), with :func:`axes`'
+    constants."""
+    zero = matrix_grad[0] * 0.0
     for i in range(3):
-        entries = matrix_grad[i]
-        constant = entries[3]
-        columns = [zero, zero, zero]
+        constant = matrix_grad[4 * i + 3]
         for j in range(3):
-            if s_out[j] is not None:
-                columns[j] = (s_in[i] / s_out[j]) * entries[j] + (s_in[i] * (shift / s_out[j] - 1.0)) * constant
-        rows[i] = [*columns, s_in[i] * constant]
-    return rows
+            if s_out[j] == 0.0:
+                out[4 * i + j] = zero
+            else:
+                gain = s_in[i] * (shift / s_out[j] - 1.0)
+                out[4 * i + j] = (s_in[i] / s_out[j]) * matrix_grad[4 * i + j] + gain * constant
+        out[4 * i + 3] = s_in[i] * constant
 
 
 def explicit_grid(theta: torch.Tensor, out_sizes, align_corners: bool, in_sizes=None, displacement=None):

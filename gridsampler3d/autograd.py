@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from . import backends, composite, onnx, torch_hooks
-from .call import autocast_enabled
+from .call import AUTOCAST_DEVICE_TYPES
 from .layout import memory_format_of
 from .modes import Interpolation, Padding
 from .sampling import Field, FieldKind, Outputs, Sampling
@@ -232,8 +232,9 @@ def sample(call) -> Tensor:
     x, field, sampling = call.x, call.field, call.options.sampling
     if onnx.exporting():
         return onnx.sample(x, field, sampling)
-    if autocast_enabled(x.device.type):
-        with torch.autocast(x.device.type, enabled=False):
+    device_type = x.device.type
+    if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
+        with torch.autocast(device_type, enabled=False):
             return _sample(call, x, field, sampling)
     return _sample(call, x, field, sampling)
 

@@ -224,7 +224,9 @@ def forward(engine: Backend, x: torch.Tensor, field: Field, sampling: Sampling) 
     if 0 in x.shape or 0 in field.out_sizes:
         out_shape = tuple(x.shape[:2]) + tuple(field.out_sizes)
         return torch.empty(out_shape, dtype=x.dtype, device=x.device, memory_format=memory_format_of(x)).zero_()
-    if field.theta is not None and not _finite(field):
+    if field.theta is not None and not (
+        field.derived["finite theta"] if "finite theta" in field.derived else _finite(field)
+    ):
         return engine.forward(x, _explicit(field, x, sampling), sampling)
     return engine.forward(x, field, sampling)
 
@@ -250,17 +252,17 @@ def backward(
             torch.zeros_like(field.tensor, memory_format=field.gradient_format()) if outputs.dfield else None,
             torch.zeros_like(field.theta) if outputs.dtheta else None,
         )
-    if field.theta is not None and not _finite(field):
+    if field.theta is not None and not (
+        field.derived["finite theta"] if "finite theta" in field.derived else _finite(field)
+    ):
         return _explicit_backward(engine, grad, x, field, sampling, outputs, deterministic)
     return engine.backward(grad, x, field, sampling, outputs, deterministic)
 
 
 def _finite(field: Field) -> bool:
-    """Whether the field's theta is finite (kept in ``field.derived``)."""
-    derived = field.derived
-    if "finite theta" not in derived:
-        derived["finite theta"] = bool(torch.isfinite(field.theta).all())
-    return derived["finite theta"]
+    """Whether the field's theta is finite, measured once per record (a forward and its backward share it)."""
+    finite = field.derived["finite theta"] = bool(torch.isfinite(field.theta).all())
+    return finite
 
 
 def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:

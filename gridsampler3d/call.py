@@ -42,12 +42,16 @@ __all__ = [
     "KINDS",
     "Kind",
     "Options",
-    "autocast_enabled",
+    "AUTOCAST_DEVICE_TYPES",
     "parse_call",
     "parse_options",
     "restore_gradients",
     "restore_output",
 ]
+
+
+#: The device types ``torch.autocast`` knows (``torch.is_autocast_enabled`` raises for others, meta among them).
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
 
 class Options(NamedTuple):
@@ -145,29 +149,25 @@ def _grid_field(volume, batch: int, spatial, options: Options, operands: dict) -
     return Field(FieldKind.GRID, grid, None, tuple(grid.shape[1:4]))
 
 
-def _displacement_view(displacement, displacement_format: DisplacementFormat):
-    """A displacement given in ``displacement_format`` as the logical (N, 3, D, H, W) view the engines take."""
-    if displacement_format == DisplacementFormat.NDHW3:
-        return displacement.permute(0, 4, 1, 2, 3)
-    return displacement
-
-
 def _displacement_field(volume, batch: int, spatial, options: Options, operands: dict) -> Field:
     displacement = operands["displacement"]
     validate.check_displacement(displacement, options.displacement_format, batch, spatial, "volume's")
-    return Field(FieldKind.DISPLACEMENT, _displacement_view(displacement, options.displacement_format), None, spatial)
+    if options.displacement_format == DisplacementFormat.NDHW3:
+        displacement = displacement.permute(0, 4, 1, 2, 3)  # the logical (N, 3, D, H, W) view
+    return Field(FieldKind.DISPLACEMENT, displacement, None, spatial)
 
 
 def _affine_field(volume, batch: int, spatial, options: Options, operands: dict) -> Field:
     theta = operands["theta"]
     validate.check_theta(theta, batch)
-    size = validate.check_size(operands["size"], spatial)
+    size = spatial if operands["size"] is None else validate.check_size(operands["size"], spatial)
     if "displacement" not in operands:
         return Field(FieldKind.AFFINE, None, theta, size)
     displacement = operands["displacement"]
     validate.check_displacement(displacement, options.displacement_format, batch, size, "the output size")
-    view = _displacement_view(displacement, options.displacement_format)
-    return Field(FieldKind.AFFINE_DISPLACEMENT, view, theta, size)
+    if options.displacement_format == DisplacementFormat.NDHW3:
+        displacement = displacement.permute(0, 4, 1, 2, 3)  # the logical (N, 3, Do, Ho, Wo) view
+    return Field(FieldKind.AFFINE_DISPLACEMENT, displacement, theta, size)
 
 
 _DISPLACEMENT = Kind(
@@ -227,7 +227,8 @@ def parse_call(
             if tensors[name] is not value and not isinstance(value, torch.Tensor):
                 given_arrays += (name,)
     volume = tensors[spec.volume]
-    if autocast and autocast_enabled(volume.device.type):
+    device_type = volume.device.type
+    if autocast and device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         tensors = {name: tensor.float() for name, tensor in tensors.items()}
         volume = tensors[spec.volume]
     validate.check_same(tensors)
@@ -245,14 +246,6 @@ def parse_call(
         outputs = _outputs(spec, field, output_mask)
     engine = None if volume.device.type == "meta" else backends.select_backend(options.backend, volume.device)
     return Call(to_ncdhw(volume, options.data_format), field, options, grad_view, outputs, engine, given_arrays)
-
-
-def autocast_enabled(device_type: str) -> bool:
-    """Whether ``torch.autocast`` is on for ``device_type`` (never for a type autocast does not know: meta)."""
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except RuntimeError:
-        return False
 
 
 def _outputs(spec: Kind, field: Field, output_mask) -> Outputs:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import backends, validate
 from .autograd import eager, sample
-from .call import Call, Options, autocast_enabled, parse_call, parse_options
+from .call import AUTOCAST_DEVICE_TYPES, Call, Options, parse_call, parse_options
 from .layout import from_ncdhw, to_ncdhw
 from .modes import DataFormat, DisplacementFormat
 from .sampling import Field, FieldKind
@@ -193,7 +193,9 @@ def integrate_velocity(
     last = options.displacement_format == DisplacementFormat.NDHW3
     options = options._replace(data_format=DataFormat.NDHWC if last else DataFormat.NCDHW)
     velocity = validate.check_velocity(velocity, options.displacement_format)
-    if autocast_enabled(velocity.device.type):  # each warp computes in float32, as grid_sample's
+    device_type = velocity.device.type
+    # Under autocast each warp computes in float32, as grid_sample's.
+    if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
         velocity = velocity.float()
     engine = None
     if eager(velocity):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -160,10 +161,15 @@ class Field:
         shape (its gradient's, or a copy's in another dtype).
         """
         strides = tuple(self.tensor.stride() if strides is None else strides)
-        if self.kind.displaced:
-            return strides[0], strides[2], strides[3], strides[4], strides[1]
-        return strides
+        return POINT_ORDER(strides) if self.kind.displaced else strides
 
     def gradient_format(self) -> torch.memory_format:
-        """The memory format of the field's gradient: a grid's is contiguous, a displacement's laid out like it."""
-        return memory_format_of(self.tensor) if self.kind.displaced else torch.contiguous_format
+        """The memory format of the field's gradient: a grid's is contiguous, a displacement's laid out like it
+        (:func:`.layout.memory_format_of`)."""
+        if not self.kind.displaced or self.tensor.is_contiguous():
+            return torch.contiguous_format
+        return memory_format_of(self.tensor)
+
+
+#: A displacement's (N, 3, Do, Ho, Wo) strides in point order (n, d, h, w, component).
+POINT_ORDER = operator.itemgetter(0, 2, 3, 4, 1)

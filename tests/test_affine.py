@@ -347,3 +347,53 @@ def test_explain_describes_the_affine_plans():
     gpu = gs.explain(volume, theta, grad=grad, field_kind="affine", device="cuda", deterministic=True)
     assert "theta gradient from the walk's row moments, summed in float64" in str(gpu)
     assert not gpu.tuned
+
+
+@pytest.mark.parametrize("align_corners", [False, True], ids=["noac", "ac"])
+def test_the_cpu_engines_compiled_affine_math_has_the_bits_of_numpy_and_torch(align_corners):
+    """cpu/theta.py compiles affine.py's entry-wise formulas and sums G's terms as NumPy's add.reduce does: the voxel
+    matrix and dtheta are bit for bit those of the NumPy (and torch) functions, non-finite entries and signed zeros
+    included, over row counts below, at and past NumPy's pairwise block (128) and its buffer (8192)."""
+    from gridsampler3d import affine
+    from gridsampler3d.cpu import theta as compiled
+
+    generator = np.random.default_rng(4)
+    for (depth, height), batch in [((1, 1), 1), ((3, 5), 2), ((16, 8), 1), ((7, 300), 3), ((91, 100), 1)]:
+        for in_sizes, out_sizes in [((5, 6, 7), (depth, height, 9)), ((1, 1, 1), (depth, height, 1))]:
+            theta = generator.normal(size=(batch, 3, 4))
+            theta[0, 1, 1], theta[-1, 2, 3] = -0.0, np.inf
+            axes = affine.axes(in_sizes, out_sizes, align_corners)
+            expected = affine.voxel_matrix(theta, in_sizes, out_sizes, align_corners).reshape(-1)
+            assert compiled.voxel_matrix(theta, axes).tobytes() == expected.tobytes()
+            assert (
+                compiled.voxel_matrix(theta.astype(np.float32), axes).tobytes()
+                == affine.voxel_matrix(theta.astype(np.float32).astype(np.float64), in_sizes, out_sizes, align_corners)
+                .reshape(-1)
+                .tobytes()
+            )
+            torch_matrix = affine.voxel_matrix(torch.from_numpy(theta), in_sizes, out_sizes, align_corners)
+            assert torch_matrix.numpy().reshape(-1).tobytes() == expected.tobytes()
+            rows = batch * depth * height
+            moments = (generator.normal(size=(rows, 6)) * generator.choice([1e-6, 1, 1e6], size=6)).reshape(-1)
+            moments[::13] = -0.0
+            moments[5::71] = np.nan
+            matrix_grad = affine.matrix_gradient(moments, batch, out_sizes)
+            grad = affine.theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners)
+            assert compiled.theta_gradient(moments, batch, out_sizes, axes).tobytes() == grad.tobytes()
+
+
+def test_the_numpy_matrix_gradient_is_twelve_sums_over_the_rows():
+    """affine.matrix_gradient's one reduction over the twelve stacked terms gives the bits of twelve reductions of
+    their own (the definition: G[i, j] sums g_i * (w, h, d, 1)[j] over every point)."""
+    from gridsampler3d import affine
+
+    generator = np.random.default_rng(5)
+    for batch, depth, height in [(1, 1, 1), (2, 3, 5), (1, 128, 129), (1, 300, 30)]:
+        moments = generator.normal(size=(batch * depth * height, 6)) * generator.choice([1e-5, 1, 1e5], size=6)
+        rows = moments.reshape(batch, depth, height, 6)
+        h, d = np.arange(height, dtype=np.float64), np.arange(depth, dtype=np.float64)[:, None]
+        for i in range(3):
+            terms = [rows[..., 3 + i], rows[..., i] * h, rows[..., i] * d, rows[..., i]]
+            expected = np.stack([term.sum(axis=(1, 2)) for term in terms], axis=1)
+            got = affine.matrix_gradient(moments, batch, (depth, height, 4))[:, i]
+            assert got.tobytes() == expected.tobytes()

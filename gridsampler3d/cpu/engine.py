@@ -21,12 +21,12 @@ import operator
 import numpy as np
 import torch
 
-from ..affine import matrix_gradient, theta_gradient, voxel_matrix
+from .. import affine
 from ..dtypes import CPU_KERNEL_DTYPES, HALF_DTYPES, cpu_kernel_dtype
 from ..layout import memory_format_of
 from ..rounding import round_once
-from ..sampling import Field, Gradients, Outputs, Sampling
-from . import buffers, pool, transpose, tuning
+from ..sampling import POINT_ORDER, Field, Gradients, Outputs, Sampling
+from . import buffers, pool, theta, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
 from .planner import Call, GridPass, Plan, Stage, facts_needed, make_plan
@@ -40,13 +40,10 @@ _ONES = (1,) * 5
 
 
 def _flat(tensor: torch.Tensor, strides) -> np.ndarray:
-    """A flat 1-D NumPy view of ``tensor`` (of ``strides``) from its first element: no copy.
+    """A flat 1-D NumPy view of a tensor that is not contiguous (of ``strides``), from its first element: no copy.
 
-    ``numpy(force=True)`` is ``detach().numpy()`` for a CPU float tensor (the same memory)
-    in one call, and the span's sum runs in ``map``: a small call converts eight tensors.
+    The span's sum runs in ``map``, without a Python call per dimension.
     """
-    if tensor.is_contiguous():  # the common case, without the span's sum
-        return tensor.numpy(force=True).reshape(-1)
     span = 1 + sum(map(operator.mul, map(operator.sub, tensor.shape, _ONES), strides))
     return tensor.detach().as_strided((span,), (1,)).numpy()
 
@@ -62,10 +59,11 @@ def operand(tensor: torch.Tensor, rows: int = 1) -> Operand:
     """A tensor as the kernels take it: its flat view and strides; for a volume-shaped output operand (grad, y),
     each run of ``rows`` output rows as one row (a plan's ``rows_joined``)."""
     strides = tensor.stride()
-    data = _flat(tensor, strides)
+    # numpy(force=True): detach().numpy() in one call, the same memory for a CPU float tensor.
+    data = tensor.numpy(force=True).reshape(-1) if tensor.is_contiguous() else _flat(tensor, strides)
     if rows > 1:
         strides = strides[:3] + (rows * strides[3],) + strides[4:]
-    return Operand(data, strides)
+    return tuple.__new__(Operand, (data, strides))  # Operand(data, strides), without its Python __new__
 
 
 def field_operand(field: Field, tensor: torch.Tensor | None = None, rows: int = 1) -> Operand:
@@ -74,11 +72,11 @@ def field_operand(field: Field, tensor: torch.Tensor | None = None, rows: int = 
     kernels read its x, dx, 2 components above dz); each run of ``rows`` output rows as one row."""
     tensor = field.tensor if tensor is None else tensor
     strides = tensor.stride()
-    data = _flat(tensor, strides)
+    data = tensor.numpy(force=True).reshape(-1) if tensor.is_contiguous() else _flat(tensor, strides)
     strides = _point_strides(field, strides)
     if rows > 1:
         strides = strides[:2] + (rows * strides[2],) + strides[3:]
-    return Operand(data, strides)
+    return tuple.__new__(Operand, (data, strides))
 
 
 # What the kernels are handed for a field without a voxel matrix and a backward without theta's moments: nothing
@@ -88,14 +86,14 @@ _NO_MOMENTS = np.zeros(0)
 
 
 def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
-    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.affine.voxel_matrix`), kept
+    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.theta.voxel_matrix`), kept
     in the field's ``derived`` for its backward; ``_NO_MATRIX`` stands in for other fields'."""
     key = ("cpu voxel matrix", tuple(x.shape[2:]), sampling.align_corners)
     derived = field.derived
     if key not in derived:
-        theta = field.theta
-        theta = theta.numpy(force=True) if theta.dtype == torch.float64 else theta.double().numpy(force=True)
-        derived[key] = voxel_matrix(theta, key[1], field.out_sizes, sampling.align_corners).reshape(-1)
+        axes = derived[("axes", *key[1:])] = affine.axes(key[1], field.out_sizes, sampling.align_corners)
+        values = field.theta if field.theta.dtype in CPU_KERNEL_DTYPES else field.theta.double()
+        derived[key] = theta.voxel_matrix(values.numpy(force=True), axes)
     return derived[key]
 
 
@@ -105,11 +103,37 @@ def _empty_operand(dtype: torch.dtype) -> Operand:
     return Operand(torch.empty(0, dtype=dtype).numpy(), (0, 0, 0, 0, 0))
 
 
+def _call_operands(field: Field, x: torch.Tensor, rows: int, keep: bool = True) -> tuple:
+    """(x's operand, the field tensor's operand) in the kernels' dtype, for a launch that joins ``rows`` rows.
+
+    Where ``keep`` (``x`` is the caller's, not a channels-last copy) and both are the caller's own
+    tensors (float32 or float64: a half tensor's widened copy lives in a buffer that a later
+    call takes back), they are kept in ``field.derived`` for the call's backward, which takes
+    the same tensors (an in-place change in between is autograd's error).
+    """
+    derived = field.derived
+    key = ("cpu operands", id(x), rows)
+    if key in derived and derived[key][0] is x:
+        return derived[key][1]
+    wide_x = x if x.dtype in CPU_KERNEL_DTYPES else _kernel_dtype(x)
+    if field.tensor is None:
+        operands = operand(wide_x), _empty_operand(wide_x.dtype)
+    elif field.tensor.dtype not in CPU_KERNEL_DTYPES:
+        operands = operand(wide_x), field_operand(field, _kernel_dtype(field.tensor), rows)
+    else:
+        operands = operand(wide_x), field_operand(field, field.tensor, rows)
+    if keep and wide_x is x and (field.tensor is None or field.tensor.dtype in CPU_KERNEL_DTYPES):
+        derived[key] = (x, operands)
+    return operands
+
+
 def _point_strides(field: Field, strides) -> tuple:
     """A field's strides as :func:`field_operand` hands them to the kernels (point order, a displacement's component
-    stride negated)."""
-    strides = field.point_strides(strides)
-    return strides[:4] + (-strides[4],) if field.kind.displaced else strides
+    stride negated: the kernels read its x, dx, 2 components above dz)."""
+    if field.kind.displaced:
+        strides = POINT_ORDER(strides)
+        return strides[:4] + (-strides[4],)
+    return strides
 
 
 def _joinable(grid_like, out_like, width: int) -> bool:
@@ -255,13 +279,8 @@ class NumbaBackend:
         y = buffers.empty(x.shape[:2] + out_sizes, x.dtype, layout)
         depth, height, width = out_sizes
         geometry = Geometry(x.shape[0], x.shape[1], tuple(x.shape[2:]), (depth, height // rows, rows * width))
-        if field.tensor is None:
-            values = _empty_operand(x.dtype)
-        elif field.tensor.dtype not in CPU_KERNEL_DTYPES:
-            values = field_operand(field, _kernel_dtype(field.tensor), rows)
-        else:
-            values = field_operand(field, field.tensor, rows)
-        work = ForwardWork(plan, operand(x), values, matrix, operand(y, rows), geometry, sampling, field.kind)
+        x_operand, values = _call_operands(field, x, rows)
+        work = ForwardWork(plan, x_operand, values, matrix, operand(y, rows), geometry, sampling, field.kind)
         run_forward(work)
         return y if y.dtype == dtype else _rounded(y, dtype, layout)
 
@@ -297,11 +316,13 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
     """The backward's kernels on the given operands (as they are, or their channels-last copies)."""
     dtype, layout = grad.dtype, memory_format_of(x)  # grad has x's dtype (validate.check_same)
     if dtype not in CPU_KERNEL_DTYPES:
-        grad, x = _kernel_dtype(grad), _kernel_dtype(x)
+        grad = _kernel_dtype(grad)
+    rows = plan.rows_joined
+    x_operand, field_values = _call_operands(field, x, rows, keep=not plan.copies)
     wide_field = x if field.tensor is None else field.tensor
     if wide_field.dtype not in CPU_KERNEL_DTYPES:
         wide_field = _kernel_dtype(wide_field)
-    rows = plan.rows_joined
+    x = _kernel_dtype(x) if x.dtype not in CPU_KERNEL_DTYPES else x
     dfield, dfield_operand = None, _empty_operand(wide_field.dtype)
     if outputs.dfield:
         dfield = buffers.empty(field.tensor.shape, wide_field.dtype, field.gradient_format())
@@ -313,8 +334,8 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
     moments = np.zeros(6 * (x.shape[0] * depth * height)) if outputs.dtheta else _NO_MOMENTS
     operands = BackwardOperands(
         grad=operand(grad, rows),
-        x=operand(x),
-        grid=_empty_operand(wide_field.dtype) if field.tensor is None else field_operand(field, wide_field, rows),
+        x=x_operand,
+        grid=field_values,
         dx=operand(dx) if outputs.dx else _empty_operand(x.dtype),
         dgrid=dfield_operand,
         matrix=matrix,
@@ -326,12 +347,12 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
         dx = _rounded(dx, dtype, layout)
     if outputs.dfield and dfield.dtype != dtype:
         dfield = _rounded(dfield, dtype, memory_format_of(dfield))
-    dtheta = _theta_gradient(moments, field, tuple(x.shape[2:]), sampling) if outputs.dtheta else None
+    dtheta = None
+    if outputs.dtheta:
+        # dL/dtheta from the kernels' row moments (:func:`.theta.theta_gradient`), in theta's dtype, rounded once.
+        in_sizes = tuple(x.shape[2:])
+        derived, key = field.derived, ("axes", in_sizes, sampling.align_corners)
+        axes = derived[key] if key in derived else affine.axes(in_sizes, field.out_sizes, sampling.align_corners)
+        values = theta.theta_gradient(moments, field.theta.shape[0], field.out_sizes, axes)
+        dtheta = round_once(torch.from_numpy(values), field.theta.dtype)
     return Gradients(dx, dfield, dtheta)
-
-
-def _theta_gradient(moments: np.ndarray, field: Field, in_sizes, sampling: Sampling) -> torch.Tensor:
-    """dL/dtheta from the kernels' row moments (:mod:`gridsampler3d.affine`), in theta's dtype, rounded once."""
-    matrix_grad = matrix_gradient(moments, field.theta.shape[0], field.out_sizes)
-    dtheta = theta_gradient(matrix_grad, in_sizes, field.out_sizes, sampling.align_corners)
-    return round_once(torch.from_numpy(dtheta), field.theta.dtype)

@@ -125,10 +125,10 @@ def gathers_in_use() -> bool:
 def _engine_sources() -> str:
     """A digest of the CPU engine's source files (the helpers that every kernel inlines live in them) and of
     the modules whose numbers the kernels take in as constants (modes, the rules' numbers, rounding, the field
-    kinds)."""
+    kinds) or whose functions they compile (the affine field's entry-wise formulas)."""
     digest = hashlib.sha256()
     engine = pathlib.Path(__file__).parent
-    shared = [engine.parent / name for name in ("modes.py", "reference.py", "rounding.py", "sampling.py")]
+    shared = [engine.parent / name for name in ("affine.py", "modes.py", "reference.py", "rounding.py", "sampling.py")]
     for path in [*sorted(engine.glob("*.py")), *shared]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

@@ -250,5 +250,5 @@ def run_together(launches, shared=()) -> None:
 
 
 def threads() -> int:
-    """How many threads the kernels run on: torch's setting (``torch.get_num_threads()``)."""
-    return max(1, torch.get_num_threads())
+    """How many threads the kernels run on: torch's setting (``torch.get_num_threads()``, at least 1)."""
+    return torch.get_num_threads()
