@@ -4,15 +4,16 @@
     python benchmarks/compare_checkouts.py /tmp/before --cases near64,fp64 --threads 1 --stage backward
     python benchmarks/compare_checkouts.py . --other-plain --stage forward   # this engine against its plain path
     python benchmarks/compare_checkouts.py /tmp/before --cases warp128 --stage step   # an autograd step
+    python benchmarks/compare_checkouts.py /tmp/before --cases affreg128 --stage backward   # the affine field
 
 On a shared, noisy machine, separate runs of ``gridsampler3d bench`` can differ by more
 than a kernel change does. Here both versions load into one process (the other checkout's
 package under another name) and each timed call of one is followed by the same call of the
 other, so that a disturbance hits both; the line per case gives each version's median and
 the median of the per-pair ratios (this checkout / the other). ``--stage step`` times an
-autograd step through the differentiable functions (``grid_sample``, or ``warp`` for
-warp128): the forward, then the backward of a sum of squares, input and field both requiring
-their gradients. Calls under a few
+autograd step through the differentiable functions (``grid_sample``; ``warp`` for warp128,
+``affine_warp`` for the affine cases, theta their field): the forward, then the backward of
+a sum of squares, input and field both requiring their gradients. Calls under a few
 milliseconds are not comparable here: Numba's dispatcher types a record argument by its
 layout, so the kernels of whichever package is called second match through a slow path,
 about 0.4 ms a call. Both compile into the Numba
@@ -24,6 +25,7 @@ cache as usual; set ``NUMBA_CACHE_DIR`` to a fresh directory when helpers change
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -74,12 +76,16 @@ def main() -> None:
         attributes = (case.mode, case.padding, case.align_corners)
 
         warp = case.grid_kind == "displacement"  # warp128: the fused warp, its "grid" the displacement
+        affine = case.grid_kind.startswith("theta")  # the affine cases: the "grid" is theta
+        size = tuple(grad.shape[2:])
 
         def step(library):
             volume = x_ncdhw.detach().requires_grad_(True)
             field = grid.detach().requires_grad_(True)
             if warp:
                 output = library.warp(volume, field, *attributes)
+            elif affine:
+                output = library.affine_warp(volume, field, size, mode=case.mode, padding_mode=case.padding)
             else:
                 output = library.grid_sample(volume, field, *attributes)
             output.square().sum().backward()
@@ -88,6 +94,12 @@ def main() -> None:
         def run(library):
             if args.stage == "step":
                 return step(library)
+            if affine:
+                forward = functools.partial(library.affine_warp3d, x_ncdhw, grid, size, None, *attributes)
+                backward = functools.partial(
+                    library.affine_warp3d_backward, grad, x_ncdhw, grid, size, None, *attributes
+                )
+                return (forward if args.stage == "forward" else backward)(backend="numba")
             forward = library.warp3d if warp else library.grid_sampler3d
             backward = library.warp3d_backward if warp else library.grid_sampler3d_backward
             if args.stage == "forward":

@@ -7,8 +7,9 @@
 
 The ops take a :class:`.sampling.Field` spread over arguments: its tensor (a grid
 (N, Do, Ho, Wo, 3) or a displacement (N, 3, Do, Ho, Wo)) and theta (N, 3, 4), each or both
-present as the kind has them, the kind's code, the output's sizes (Do, Ho, Wo) and the
-kind's parameters (none of today's kinds has any); the volume and grad are NCDHW (any
+present as the kind has them, the kind's code, the output's sizes (Do, Ho, Wo: an affine
+field's; empty for the kinds whose tensor gives them) and the
+kind's parameters (None for a kind without, today's all); the volume and grad are NCDHW (any
 strides); the attributes are the aclnn codes. The backward's outputs come in the records'
 one order, (dx, dfield, dtheta), an output not asked for (or that the field lacks) as an
 empty tensor (custom ops cannot return None).
@@ -38,7 +39,28 @@ __all__ = ["Sample", "eager", "sample", "sample_backward_op", "sample_op"]
 
 
 def _field(kind: int, tensor, theta, size, parameters) -> Field:
-    return Field(FieldKind(kind), tensor, theta, tuple(size), tuple(parameters))
+    """The record of the ops' arguments. The output's sizes are a grid's or a displacement's own (so that a traced
+    graph follows the tensors), ``size`` an affine field's."""
+    kind = FieldKind(kind)
+    if kind == FieldKind.GRID:
+        size = tensor.shape[1:4]
+    elif kind == FieldKind.DISPLACEMENT:
+        size = tensor.shape[2:]
+    return Field(kind, tensor, theta, tuple(size), () if parameters is None else tuple(parameters))
+
+
+def _size(record: Field) -> list:
+    """The output's sizes as the ops take them: an affine field's (as ints while torch.jit.trace records them);
+    none for the kinds whose tensors give them."""
+    if not record.kind.affine:
+        return []
+    return [int(size) for size in record.out_sizes] if torch.jit.is_tracing() else list(record.out_sizes)
+
+
+def _parameters(record: Field):
+    """A kind's parameters as the ops take them: None for none (torch.jit.trace cannot record an empty float
+    list)."""
+    return list(record.parameters) if record.parameters else None
 
 
 def _sampling(interpolation_mode: int, padding_mode: int, align_corners: bool) -> Sampling:
@@ -52,7 +74,7 @@ def sample_op(
     theta: typing.Optional[Tensor],
     kind: int,
     size: typing.List[int],
-    parameters: typing.List[float],
+    parameters: typing.Optional[typing.List[float]],
     interpolation_mode: int,
     padding_mode: int,
     align_corners: bool,
@@ -65,7 +87,7 @@ def sample_op(
 
 @sample_op.register_fake
 def _sample_fake(input, field, theta, kind, size, parameters, interpolation_mode, padding_mode, align_corners):
-    shape = (input.shape[0], input.shape[1], *size)
+    shape = (input.shape[0], input.shape[1], *_field(kind, field, theta, size, parameters).out_sizes)
     return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=memory_format_of(input))
 
 
@@ -77,7 +99,7 @@ def sample_backward_op(
     theta: typing.Optional[Tensor],
     kind: int,
     size: typing.List[int],
-    parameters: typing.List[float],
+    parameters: typing.Optional[typing.List[float]],
     interpolation_mode: int,
     padding_mode: int,
     align_corners: bool,
@@ -211,8 +233,8 @@ class Sample(torch.autograd.Function):
                 field,
                 theta,
                 int(record.kind),
-                list(record.out_sizes),
-                list(record.parameters),
+                _size(record),
+                _parameters(record),
                 *attributes,
                 [needs[0], needs[1], needs[2]],
             )
@@ -247,8 +269,8 @@ def _sample(call, x, field: Field, sampling: Sampling) -> Tensor:
             tensor,
             theta,
             int(field.kind),
-            list(field.out_sizes),
-            list(field.parameters),
+            _size(field),
+            _parameters(field),
             int(sampling.interpolation),
             int(sampling.padding),
             sampling.align_corners,

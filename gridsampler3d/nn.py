@@ -149,6 +149,10 @@ def affine_warp(
     options = parse_options(
         mode, padding_mode, align_corners, data_format=data_format, displacement_format=displacement_format
     )
+    return _affine_warp(volume, theta, size, displacement, options, "affine_warp")
+
+
+def _affine_warp(volume, theta, size, displacement, options: Options, where: str) -> Tensor:
     call = parse_call(
         FieldKind.AFFINE,
         options,
@@ -159,7 +163,7 @@ def affine_warp(
         arrays=False,
         runs=False,
         autocast=True,
-        where="affine_warp",
+        where=where,
     )
     return from_ncdhw(sample(call), options.data_format)
 
@@ -293,20 +297,7 @@ class AffineWarp3d(_Sampler):
         return self._size
 
     def forward(self, volume: Tensor, theta: Tensor, displacement: Tensor | None = None) -> Tensor:
-        options = self._options
-        call = parse_call(
-            FieldKind.AFFINE,
-            options,
-            volume,
-            theta=theta,
-            size=self._size,
-            displacement=displacement,
-            arrays=False,
-            runs=False,
-            autocast=True,
-            where="AffineWarp3d",
-        )
-        return from_ncdhw(sample(call), options.data_format)
+        return _affine_warp(volume, theta, self._size, displacement, self._options, "AffineWarp3d")
 
     def extra_repr(self) -> str:
         return f"size={self._size}, {super().extra_repr()}"

@@ -254,7 +254,7 @@ def test_torch_compile_fullgraph_and_opcheck():
     compiled_grads = torch.autograd.grad(compiled(volume, displacement), (volume, displacement))
     for eager, compiled_grad in zip(eager_grads, compiled_grads):
         assert torch.equal(eager, compiled_grad)
-    field = (displacement.detach(), None, int(FieldKind.DISPLACEMENT), list(volume.shape[2:]), [])
+    field = (displacement.detach(), None, int(FieldKind.DISPLACEMENT), [], None)
     torch.library.opcheck(torch.ops.gridsampler3d.sample, (volume.detach(), *field, 0, 1, True))
     torch.library.opcheck(
         torch.ops.gridsampler3d.sample_backward,

@@ -21,7 +21,7 @@ import operator
 import numpy as np
 import torch
 
-from .. import affine
+from ..affine import axes as affine_axes
 from ..dtypes import CPU_KERNEL_DTYPES, HALF_DTYPES, cpu_kernel_dtype
 from ..layout import memory_format_of
 from ..rounding import round_once
@@ -91,7 +91,7 @@ def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
     key = ("cpu voxel matrix", tuple(x.shape[2:]), sampling.align_corners)
     derived = field.derived
     if key not in derived:
-        axes = derived[("axes", *key[1:])] = affine.axes(key[1], field.out_sizes, sampling.align_corners)
+        axes = derived[("axes", *key[1:])] = affine_axes(key[1], field.out_sizes, sampling.align_corners)
         values = field.theta if field.theta.dtype in CPU_KERNEL_DTYPES else field.theta.double()
         derived[key] = theta.voxel_matrix(values.numpy(force=True), axes)
     return derived[key]
@@ -352,7 +352,7 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
         # dL/dtheta from the kernels' row moments (:func:`.theta.theta_gradient`), in theta's dtype, rounded once.
         in_sizes = tuple(x.shape[2:])
         derived, key = field.derived, ("axes", in_sizes, sampling.align_corners)
-        axes = derived[key] if key in derived else affine.axes(in_sizes, field.out_sizes, sampling.align_corners)
+        axes = derived[key] if key in derived else affine_axes(in_sizes, field.out_sizes, sampling.align_corners)
         values = theta.theta_gradient(moments, field.theta.shape[0], field.out_sizes, axes)
         dtheta = round_once(torch.from_numpy(values), field.theta.dtype)
     return Gradients(dx, dfield, dtheta)

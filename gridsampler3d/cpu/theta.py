@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import affine
+from ..affine import theta_gradient_entries, voxel_entries
 from .jit import borrowed, helper, part_kernel
 
 __all__ = ["pairwise_sum", "theta_gradient", "voxel_matrix"]
 
-_voxel_entries = helper(affine.voxel_entries)
-_theta_gradient_entries = helper(affine.theta_gradient_entries)
+_voxel_entries = helper(voxel_entries)
+_theta_gradient_entries = helper(theta_gradient_entries)
 
 # NumPy's pairwise summation (umath's loops_utils): blocks of up to 128 values summed in 8 lanes, split in two
 # (the first part a multiple of 8) above that.
