@@ -157,3 +157,116 @@ def test_the_backends_command_names_the_path(capsys):
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU engine: "))
     assert line.startswith(f"CPU engine: {jit.compile_path()}; parts on ")
     assert line.startswith("CPU engine: plain: ") == jit.plain() and ("hooks: " in line) != jit.plain()
+
+
+# A first forward and backward in a process whose folders under the first argument refuse every write ("/": all
+# of them; "-": none): Numba's write check of each location (NUMBA_CACHE_DIR, beside the package, the user's
+# cache folder) fails there, as on a read-only install run by a user without a home. Run as root, a permission
+# cannot refuse the write, so the check itself is made to fail. Prints where the package came from and how many
+# kernels compiled.
+FIRST_CALL = """
+import os, sys, tempfile, warnings
+if sys.argv[1] != "-":
+    _temporary_file = tempfile.TemporaryFile
+    def _refuse(*args, dir=None, **kwargs):
+        if dir is not None and os.path.abspath(dir).startswith(sys.argv[1]):
+            raise PermissionError(13, "read-only file system", dir)
+        return _temporary_file(*args, **kwargs)
+    tempfile.TemporaryFile = _refuse
+warnings.simplefilter("always")
+import torch
+import gridsampler3d as gs
+from gridsampler3d.cpu.compile_report import reporting_compiles
+x = torch.randn(1, 2, 5, 6, 7, requires_grad=True)
+grid = (torch.rand(1, 3, 4, 5, 3) * 2 - 1).requires_grad_()
+with reporting_compiles() as report:
+    gs.grid_sample(x, grid).square().sum().backward()
+print("from", gs.__file__)
+print("ran", tuple(x.grad.shape), tuple(grid.grad.shape))
+print("compiled", len(report.names))
+"""
+
+
+def _first_call(site, writes, cache_dir=None):
+    """Run FIRST_CALL with the package imported from ``site``; its stdout and stderr."""
+    env = {key: value for key, value in os.environ.items() if key not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")}
+    env.update(PYTHONPATH=str(site), PYTHONDONTWRITEBYTECODE="1", HOME=str(site.parent / "no-home"))
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache_dir)
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_CALL, writes],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=site.parent,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"from {site / 'gridsampler3d' / '__init__.py'}" in result.stdout
+    assert "ran (1, 2, 5, 6, 7) (1, 3, 4, 5, 3)" in result.stdout
+    return result.stdout, result.stderr
+
+
+def _compiled(stdout):
+    return int(stdout.rsplit("compiled ", 1)[1].split()[0])
+
+
+@pytest.mark.slow
+def test_without_a_writable_cache_folder_the_package_runs_and_reads_a_cache_warmed_beside_it(tmp_path):
+    """A copy of the package with no cache: refused every write, it compiles in memory and warns once; once a
+    writable run has cached its kernels beside it, a process refused every write loads them (nothing compiles, no
+    warning), and so does one that may write only to the user's cache folder. NUMBA_CACHE_DIR, an empty folder,
+    is a cold cache."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE, site / "gridsampler3d", ignore=shutil.ignore_patterns("__pycache__"))
+    warning = "Numba's disk cache has no writable folder"
+
+    stdout, stderr = _first_call(site, "/")
+    assert _compiled(stdout) > 0
+    assert stderr.count(warning) == 1 and "NUMBA_CACHE_DIR" in stderr
+
+    stdout, stderr = _first_call(site, "-")  # the installer's warm-up: kernels cached beside the package
+    assert _compiled(stdout) > 0 and warning not in stderr
+    assert list((site / "gridsampler3d" / "cpu" / "__pycache__").glob("*.nbi"))
+
+    stdout, stderr = _first_call(site, "/")
+    assert _compiled(stdout) == 0 and warning not in stderr
+
+    stdout, stderr = _first_call(site, str(site))  # only the home's cache folder takes files
+    assert _compiled(stdout) == 0 and warning not in stderr
+
+    stdout, stderr = _first_call(site, "-", cache_dir=tmp_path / "elsewhere")
+    assert _compiled(stdout) > 0 and warning not in stderr
+
+
+def test_as_an_unprivileged_user_without_a_home_the_package_imports_and_runs(tmp_path):
+    """The real thing where this machine allows it: root running the interpreter as ``nobody``."""
+    runuser = shutil.which("runuser")
+    if os.geteuid() != 0 or runuser is None:
+        pytest.skip("needs root and runuser to act as another user")
+    probe = subprocess.run([runuser, "-u", "nobody", "--", sys.executable, "-c", "pass"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("this interpreter is not readable by the user nobody")
+    code = FIRST_CALL.split("import torch", 1)[1]
+    env = {"HOME": "/nonexistent", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [
+            runuser,
+            "-u",
+            "nobody",
+            "--",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            sys.executable,
+            "-c",
+            "import torch" + code,
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ran (1, 2, 5, 6, 7) (1, 3, 4, 5, 3)" in result.stdout

@@ -31,6 +31,7 @@ from .block import (
     trilinear_cells,
     unsigned,
 )
+from .compile_report import label
 from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
 from .records import (
@@ -380,6 +381,7 @@ def backward_kernel(
                 ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0], planes[1]
             )
 
+    label(kernel, "backward", sampling, field, channels_last, exact_remainder)
     return Parallel(kernel, _scratch)
 
 

@@ -14,19 +14,49 @@ report stays empty and says so.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["CompileReport", "reporting_compiles"]
+__all__ = ["CompileReport", "label", "reporting_compiles"]
+
+
+def label(kernel, stage: str, sampling, field, channels_last: bool, exact_remainder: bool) -> None:
+    """Name what ``kernel`` (a dispatcher a kernel factory made) computes, for the compile messages: the stage, the
+    sampling rule, the kind of field, the layout, and whether it is the exact-remainder rerun."""
+    interpolation = {"BILINEAR": "trilinear", "NEAREST": "nearest", "BICUBIC": "tricubic"}[sampling.interpolation.name]
+    words = [stage, interpolation, sampling.padding.name.lower()]
+    if sampling.align_corners:
+        words.append("align_corners")
+    words += [field.name.lower().replace("_", "+"), "channels-last" if channels_last else "NCDHW"]
+    if exact_remainder:
+        words.append("(exact remainder)")
+    kernel.py_func.compile_label = " ".join(words)
+
+
+def _described(dispatcher, arguments) -> str:
+    """A compile's name: the kernel's label (:func:`label`), or its module and name; then the dtype of its first
+    floating array argument."""
+    function = dispatcher.py_func
+    name = getattr(function, "compile_label", None)
+    if name is None:
+        module = function.__module__.removeprefix("gridsampler3d.")
+        name = f"{module}.{function.__qualname__}".replace("<locals>.", "")
+    for argument in arguments:
+        found = re.search(r"array\((float\d+)", str(argument))
+        if found:
+            return f"{name} {found[1]}"
+    return name
 
 
 class CompileReport:
     """The compiles seen while :func:`reporting_compiles` was active: ``names`` (the outermost, in order),
     ``seconds`` (their wall time, summed), and ``watched`` (False where Numba offers no event API)."""
 
-    def __init__(self, echo: Callable[[str], None] | None):
+    def __init__(self, echo: Callable[[str], None] | None, expected: int | None = None):
         self.names: list[str] = []
+        self.expected = expected  # how many the caller expects, for "compiling 3/12"
         self.seconds = 0.0
         self.watched = True
         self._echo = echo
@@ -41,7 +71,8 @@ class CompileReport:
             with self._lock:
                 self.names.append(name)
             if self._echo is not None:
-                self._echo(f"compiling {name} (once: later runs load it from the disk cache)")
+                count = f"{len(self.names)}/{self.expected}" if self.expected else f"{len(self.names)}"
+                self._echo(f"compiling {count}: {name} (once: later runs load it from the disk cache)")
 
     def ended(self) -> None:
         self._local.depth -= 1
@@ -60,12 +91,15 @@ class CompileReport:
 
 
 @contextlib.contextmanager
-def reporting_compiles(echo: Callable[[str], None] | None = None) -> Iterator[CompileReport]:
-    """Within the block, name each kernel Numba compiles through ``echo`` (if given) as it starts, and time it.
+def reporting_compiles(
+    echo: Callable[[str], None] | None = None, expected: int | None = None
+) -> Iterator[CompileReport]:
+    """Within the block, name each kernel Numba compiles through ``echo`` (if given) as it starts, counted
+    (out of ``expected`` where the caller knows it), and time it.
 
     Yields a :class:`CompileReport`, complete when the block ends.
     """
-    report = CompileReport(echo)
+    report = CompileReport(echo, expected)
     try:
         from numba.core import event
     except ImportError:
@@ -75,9 +109,7 @@ def reporting_compiles(echo: Callable[[str], None] | None = None) -> Iterator[Co
 
     class Listener(event.Listener):
         def on_start(self, ev):
-            function = ev.data["dispatcher"].py_func
-            module = function.__module__.removeprefix("gridsampler3d.")
-            report.started(f"{module}.{function.__qualname__}".replace("<locals>.", ""))
+            report.started(_described(ev.data["dispatcher"], ev.data.get("args", ())))
 
         def on_end(self, ev):
             report.ended()

@@ -30,6 +30,7 @@ from .block import (
     trilinear_cells,
     unsigned,
 )
+from .compile_report import label
 from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
 from .records import Cells, Geometry, Points, Rule, kernel_rule
@@ -114,6 +115,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
                 else:
                     _channel_sums(x, y, geometry.channels, points.count, n * x.strides[0], out, cells, work[1])
 
+    label(kernel, "forward", sampling, field, channels_last, exact_remainder)
     return Parallel(kernel, _scratch)
 
 

@@ -15,7 +15,9 @@ The hooks, each kept for a measured reason (docs/runtime.md, "The Numba boundary
 - ``noalias`` (:class:`_NoAliasCompiler`): array arguments are declared not to overlap,
   which lets LLVM vectorise the block loops;
 - scalar lane loads where hardware gathers are slow (:class:`_NoGatherLowering`);
-- a disk cache keyed on the engine's sources (:class:`_EngineKeyedCache`);
+- a disk cache keyed on the engine's sources (:class:`_EngineKeyedCache`), which also
+  reads a cache warmed beside the package where it cannot write there
+  (:class:`_ReadOnlyBesideSources`);
 - two intrinsics that write LLVM IR with ``numba.core.cgutils``: :func:`borrowed`,
   :func:`zero_elements`.
 
@@ -25,14 +27,23 @@ Nothing here changes Numba for other code: the classes are used only by the disp
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
+import os
 import pickle
+import warnings
 
 import llvmlite.binding
 from numba import config, types
 from numba.core import cgutils, lowering
-from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core.caching import (
+    CompileResultCacheImpl,
+    FunctionCache,
+    IndexDataCacheFile,
+    InTreeCacheLocator,
+    NullCache,
+)
 from numba.core.codegen import JITCodeLibrary
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import register_pass
@@ -41,7 +52,7 @@ from numba.core.registry import CPUDispatcher, cpu_target
 from numba.core.typed_passes import NativeLowering
 from numba.extending import intrinsic
 
-__all__ = ["HOOKS", "borrowed", "declare", "zero_elements"]
+__all__ = ["HOOKS", "borrowed", "cache_folders", "declare", "zero_elements"]
 
 # What `gridsampler3d backends` names.
 HOOKS = ("plain-type helpers", "link-only helpers", "noalias", "engine-keyed cache")
@@ -59,7 +70,8 @@ _require(_FunctionCompiler, "_customize_flags")
 _require(lowering.Lower, "post_lower")
 _require(NativeLowering, "lowering_class")
 _require(DefaultPassBuilder, "define_nopython_pipeline")
-_require(FunctionCache, "_index_key")
+_require(FunctionCache, "_index_key", "_load_overload", "_save_overload")
+_require(CompileResultCacheImpl, "_locator_classes")
 
 
 class _PlainTypeDispatcher(CPUDispatcher):
@@ -240,6 +252,38 @@ class _KeyNamedCacheFile(IndexDataCacheFile):
             self._save_index(overloads)
 
 
+class _ReadOnlyBesideSources(InTreeCacheLocator):
+    """The ``__pycache__`` folder beside the sources, where no other folder takes a file: read, never written.
+
+    Numba picks the first folder it can write to (NUMBA_CACHE_DIR, beside the sources,
+    the user's cache folder) and reads nothing else, so a cache warmed beside the package
+    by the user who installed it (root in an image build) was ignored by every other user,
+    and a user without a writable home could not import the package at all. This locator
+    comes last: such a user loads the warmed kernels and compiles the others in memory.
+    """
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        locator = cls(py_func, py_file)
+        return locator if os.path.isdir(locator.get_cache_path()) else None
+
+    def ensure_cache_path(self):
+        raise PermissionError(errno.EACCES, "the cache beside the package is read here, not written", self._cache_path)
+
+
+class _CacheImpl(CompileResultCacheImpl):
+    """Numba's compile-result cache with :class:`_ReadOnlyBesideSources` after its own locators."""
+
+    _locator_classes = [*CompileResultCacheImpl._locator_classes, _ReadOnlyBesideSources]
+
+
+class _InMemory(NullCache):
+    """No disk cache at all (no folder beside the sources either): every compile says so, once per process."""
+
+    def save_overload(self, sig, data):
+        _warn_no_cache()
+
+
 class _EngineKeyedCache(FunctionCache):
     """Numba's disk cache with ``key()`` (the build and the engine's sources, :mod:`.jit`) in every entry's key.
 
@@ -248,15 +292,42 @@ class _EngineKeyedCache(FunctionCache):
     the helpers a kernel calls are in that key: a kernel cached before a helper's file
     changed would load with the old helper compiled into it, and a cache written by the
     other build would load as it is.
+
+    Where Numba fell back to the user's cache folder (the one beside the sources not
+    writable, NUMBA_CACHE_DIR unset), the folder beside the sources is read too (after its
+    own): kernels warmed there by the installer load for every user.
     """
+
+    _impl_class = _CacheImpl
 
     def __init__(self, py_func, key):
         super().__init__(py_func)
         self._extra_key = key
         self._cache_file.__class__ = _KeyNamedCacheFile
+        beside = os.path.join(os.path.dirname(os.path.abspath(self._impl.locator._py_file)), "__pycache__")
+        self._shelf = None
+        # NUMBA_CACHE_DIR, where set, is the one folder (as Numba has it): a cold cache stays cold.
+        if not config.CACHE_DIR and os.path.abspath(self._cache_path) != beside and os.path.isdir(beside):
+            self._shelf = _KeyNamedCacheFile(
+                cache_path=beside, filename_base=self._impl.filename_base, source_stamp=self._cache_file._source_stamp
+            )
 
     def _index_key(self, sig, codegen):
         return (*super()._index_key(sig, codegen), *self._extra_key())
+
+    def _load_overload(self, sig, target_context):
+        data = super()._load_overload(sig, target_context)
+        if data is None and self._shelf is not None and self._enabled:
+            data = self._shelf.load(self._index_key(sig, target_context.codegen()))
+            if data is not None:
+                data = self._impl.rebuild(target_context, data)
+        return data
+
+    def _save_overload(self, sig, data):
+        if isinstance(self._impl.locator, _ReadOnlyBesideSources):
+            _warn_no_cache()
+            return
+        super()._save_overload(sig, data)
 
 
 def declare(func, options: dict, *, plain_types: bool, gathers: bool, link_only: bool = False, cache_key=None):
@@ -277,8 +348,42 @@ def declare(func, options: dict, *, plain_types: bool, gathers: bool, link_only:
         dispatcher.py_func, dispatcher.targetdescr, dispatcher.targetoptions, {}, pipeline
     )
     if cache_key is not None:
-        dispatcher._cache = _EngineKeyedCache(dispatcher.py_func, cache_key)
+        try:
+            dispatcher._cache = _EngineKeyedCache(dispatcher.py_func, cache_key)
+            _CACHES.append(dispatcher._cache)
+        except RuntimeError as error:  # no folder at all: compile in memory, and say so at the first compile
+            if "no locator available" not in str(error):
+                raise
+            dispatcher._cache = _InMemory()
     return dispatcher
+
+
+# Every disk cache declare() made, for cache_folders().
+_CACHES: list = []
+
+
+def cache_folders() -> dict[str, bool]:
+    """The folders the disk caches declared so far keep kernels in, each with whether new kernels are written
+    there (False: a folder beside the package, only read). Empty where every kernel compiles in memory."""
+    folders: dict[str, bool] = {}
+    for cache in _CACHES:
+        writable = not isinstance(cache._impl.locator, _ReadOnlyBesideSources)
+        folders[cache.cache_path] = folders.get(cache.cache_path, False) or writable
+        if cache._shelf is not None:
+            folders.setdefault(cache._shelf._cache_path, False)
+    return folders
+
+
+@functools.cache
+def _warn_no_cache() -> None:
+    """Say once per process that new kernels compile in memory, and how to keep them."""
+    warnings.warn(
+        "gridsampler3d: Numba's disk cache has no writable folder here (beside the package, NUMBA_CACHE_DIR, or "
+        "the user's cache folder): kernels not already cached beside the package compile in memory, again in each "
+        'process. Set NUMBA_CACHE_DIR to a writable folder to keep them (docs/runtime.md, "The kernel cache").',
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 @intrinsic

@@ -3,9 +3,9 @@
 Each module has ``add_command(subparsers)``, which adds its parser with its handler.
 """
 
-from . import backends, bench, cases, check, compare, demo, run
+from . import backends, bench, cases, check, compare, demo, run, warmup
 
 __all__ = ["COMMANDS"]
 
 #: The commands in the order ``gridsampler3d --help`` lists them.
-COMMANDS = (run, cases, compare, demo, check, bench, backends)
+COMMANDS = (run, cases, compare, demo, check, bench, warmup, backends)
