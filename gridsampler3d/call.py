@@ -241,7 +241,8 @@ def parse_call(
     outputs, grad_view = Outputs(), None
     if backward:
         grad = tensors["grad"]
-        validate.check_grad(grad, options.data_format, (batch, channels, field.out_sizes), spec.volume, spec.origin)
+        expected = (batch, channels, field.out_sizes)
+        validate.check_grad(grad, options.data_format, expected, spec.volume, spec.origin, tensors[spec.volume].shape)
         grad_view = to_ncdhw(grad, options.data_format)
         outputs = _outputs(spec, field, output_mask)
     engine = None if volume.device.type == "meta" else backends.select_backend(options.backend, volume.device)

@@ -173,9 +173,12 @@ def check_size(size, default) -> tuple:
     return tuple(value if isinstance(value, torch.SymInt) else int(value) for value in values)
 
 
-def check_grad(grad: torch.Tensor, data_format: DataFormat, expected: tuple, volume_name: str, origin: str) -> None:
+def check_grad(
+    grad: torch.Tensor, data_format: DataFormat, expected: tuple, volume_name: str, origin: str, volume_shape=None
+) -> None:
     """grad is the output's shape in ``data_format``: ``expected`` = (N, C, (Do, Ho, Wo)), N and C the volume's
-    (named ``volume_name``), the sizes from ``origin`` (for the message)."""
+    (named ``volume_name``, shaped ``volume_shape`` as given, for the hint), the sizes from ``origin`` (for the
+    message)."""
     if grad.ndim != 5:
         _check_5d(grad, "grad", "(N, C, Do, Ho, Wo)" if data_format == DataFormat.NCDHW else "(N, Do, Ho, Wo, C)")
     batch, channels, out_sizes = expected
@@ -186,7 +189,7 @@ def check_grad(grad: torch.Tensor, data_format: DataFormat, expected: tuple, vol
         grad_channels, grad_spatial = shape[4], tuple(shape[1:4])
     if shape[0] != batch:
         raise ValueError(f"grad's batch size N must equal {volume_name}'s ({batch}); got {shape[0]}")
-    hint = _layout_hint(shape, data_format, expected)
+    hint = _layout_hint(shape, data_format, expected, volume_shape)
     if grad_channels != channels:
         raise ValueError(f"grad's channel count C must equal {volume_name}'s ({channels}); got {grad_channels}{hint}")
     if grad_spatial != out_sizes:
@@ -195,12 +198,21 @@ def check_grad(grad: torch.Tensor, data_format: DataFormat, expected: tuple, vol
         )
 
 
-def _layout_hint(shape, data_format: DataFormat, expected: tuple) -> str:
-    """A hint where ``shape`` is the expected one in the other layout: the likely mistake is ``data_format``."""
+def _layout_hint(shape, data_format: DataFormat, expected: tuple, volume_shape=None) -> str:
+    """A hint where ``shape`` fits in the other layout: grad alone (the expected shape in it), or grad and the
+    volume together (both read in it, their channels agree); the likely mistake is ``data_format``."""
     batch, channels, out_sizes = expected
     other = DataFormat.NDHWC if data_format == DataFormat.NCDHW else DataFormat.NCDHW
-    in_other = (batch, *out_sizes, channels) if other == DataFormat.NDHWC else (batch, channels, *out_sizes)
-    if tuple(shape) != in_other:
+
+    def in_other(channel_count):
+        return (batch, *out_sizes, channel_count) if other == DataFormat.NDHWC else (batch, channel_count, *out_sizes)
+
+    fits = tuple(shape) == in_other(channels)
+    if not fits and volume_shape is not None and len(volume_shape) == 5:
+        fits = tuple(shape) == in_other(volume_shape[4] if other == DataFormat.NDHWC else volume_shape[1])
+        if fits:
+            return f" (grad and the volume both fit as {other.value}: pass data_format={other.value!r})"
+    if not fits:
         return ""
     return f" (grad has the output's shape in {other.value}: pass data_format={other.value!r})"
 

@@ -102,3 +102,55 @@ def test_help_names_every_mode_and_points_to_a_real_command():
         assert f'"{mode.name.lower()}"/{int(mode)}' in gs.grid_sampler3d.__doc__
     assert "`gridsampler3d backends`" in helps["backend"]
     assert build_parser().parse_args(["backends"]).command == "backends"
+
+
+# Every command's bad arguments: exit 2, nothing on stdout, one `error:` line on stderr naming the command.
+BAD_ARGUMENTS = [
+    ([], "gridsampler3d: error: the following arguments are required: command"),
+    (["nosuch"], "gridsampler3d: error: argument command: invalid choice: 'nosuch'"),
+    (["--frobnicate"], "gridsampler3d: error:"),
+    (["run", "--size", "0"], "gridsampler3d run: error: argument --size: must be at least 4; got 0"),
+    (["run", "--size", "big"], "gridsampler3d run: error: argument --size: must be an integer; got 'big'"),
+    (["run", "--grad", "missing.npy"], "gridsampler3d run: error:"),
+    (["run", "--interpolation-mode", "cubic"], "gridsampler3d run: error:"),
+    (["run", "--out", "/dev/null/out"], "gridsampler3d run: error:"),
+    (["demo", "--size", "0"], "gridsampler3d demo: error: argument --size: must be at least 8; got 0"),
+    (["demo", "--steps", "0"], "gridsampler3d demo: error: argument --steps: must be at least 1; got 0"),
+    (["demo", "--device", "tpu"], "gridsampler3d demo: error: --device must be cpu or cuda"),
+    (["check", "--device", "tpu"], "gridsampler3d check: error: --device must be cpu or cuda"),
+    (["check", "--backends", "nosuch"], "gridsampler3d check: error: unknown backend 'nosuch'"),
+    (["bench", "--repeats", "0"], "gridsampler3d bench: error: argument --repeats: must be at least 1; got 0"),
+    (["bench", "--scale", "0"], "gridsampler3d bench: error: argument --scale: must be a finite number above 0"),
+    (["bench", "--cases", "nosuch"], "gridsampler3d bench: error:"),
+    (["bench", "--threads", "0"], "gridsampler3d bench: error:"),
+    (["cases", "--count", "0"], "gridsampler3d cases: error: argument --count: must be at least 1; got 0"),
+    (["cases", "--dtypes", "half"], "gridsampler3d cases: error:"),
+    (["compare", "--case", "/nonexistent", "--dx", "dx.npy"], "gridsampler3d compare: error: --case:"),
+    (["warmup", "--dtypes", "half"], "gridsampler3d warmup: error: argument --dtypes: must be among"),
+    (["warmup", "--modes", "cubic"], "gridsampler3d warmup: error: argument --modes: must be among"),
+    (["warmup", "--where", "--clear"], "gridsampler3d warmup: error:"),
+    (["backends", "--all"], "gridsampler3d backends: error: unrecognized arguments: --all"),
+]
+
+
+@pytest.mark.parametrize(
+    "arguments, message", BAD_ARGUMENTS, ids=[" ".join(case[0]) or "none" for case in BAD_ARGUMENTS]
+)
+def test_every_commands_bad_arguments_exit_2_with_one_error_line(tmp_path, monkeypatch, capsys, arguments, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(arguments) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith(message), lines[0]
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_every_command_has_a_description_and_the_version_is_printed(capsys):
+    from gridsampler3d import __version__
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name, parser in commands.items():
+        assert parser.description and len(parser.description) > 20, name
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"gridsampler3d {__version__}"

@@ -37,8 +37,8 @@ def test_demo_command(tmp_path, capsys):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (["--size", "4"], "--size must be at least 8"),
-        (["--steps", "0"], "--steps must be at least 1"),
+        (["--size", "4"], "argument --size: must be at least 8; got 4"),
+        (["--steps", "0"], "argument --steps: must be at least 1; got 0"),
         (["--device", "tpu"], "--device must be cpu or cuda"),
     ],
 )

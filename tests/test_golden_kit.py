@@ -284,7 +284,8 @@ class _Tripwire:
 def test_unusable_inputs_exit_2_with_one_line(cases, tmp_path, capsys):
     dx, dgrid = _our_outputs(cases / FLOAT16_CASE, tmp_path)
     np.save(tmp_path / "pickled.npy", np.array([_Tripwire(tmp_path / "unpickled")], dtype=object), allow_pickle=True)
-    np.save(tmp_path / "dx32.npy", np.load(dx).astype(np.float32))
+    shape = read_case(cases / BFLOAT16_CASE).input.shape
+    np.save(tmp_path / "dx16.npy", np.zeros(shape, np.float16))
     (tmp_path / "dx.txt").write_text("0")
     case = ["--case", cases / FLOAT16_CASE]
     expectations = [
@@ -292,9 +293,13 @@ def test_unusable_inputs_exit_2_with_one_line(cases, tmp_path, capsys):
         (
             (*case, "--dx", tmp_path / "pickled.npy"),
             f"--dx: {tmp_path / 'pickled.npy'} holds pickled Python objects, "
-            "which are never unpickled; expected a float16 array",
+            "which are never unpickled; expected a float16, float32 or float64 array",
         ),
-        ((*case, "--dx", tmp_path / "dx32.npy"), f"--dx: {tmp_path / 'dx32.npy'} holds float32; expected float16"),
+        (
+            ("--case", cases / BFLOAT16_CASE, "--dx", tmp_path / "dx16.npy"),
+            f"--dx: {tmp_path / 'dx16.npy'} holds float16; expected bfloat16 or a wider float; .npy cannot hold "
+            "bfloat16: write float32, or raw little-endian .bin",
+        ),
         ((*case, "--dx", tmp_path / "dx.txt"), "must be a .npy file or a raw little-endian .bin file"),
         ((*case,), "nothing to judge: give --dx, --dgrid or both"),
         (
@@ -311,17 +316,31 @@ def test_unusable_inputs_exit_2_with_one_line(cases, tmp_path, capsys):
     assert not (tmp_path / "unpickled").exists()
 
 
-def test_a_bfloat16_npy_output_is_refused_with_the_way_out(cases, tmp_path, capsys):
-    dx, _ = _our_outputs(cases / BFLOAT16_CASE, tmp_path)
-    np.save(
-        tmp_path / "dx.npy",
-        read_array(dx, label="test", dtype=torch.bfloat16, shape=read_case(cases / BFLOAT16_CASE).input.shape)
-        .float()
-        .numpy(),
+def test_a_wider_npy_output_is_rounded_to_the_case_and_judged_as_it(cases, tmp_path, capsys):
+    """bfloat16's .bin and the same values widened to a float32 .npy get the same verdict and metrics; the
+    rounding is said."""
+    dx, dgrid = _our_outputs(cases / BFLOAT16_CASE, tmp_path)
+    case = read_case(cases / BFLOAT16_CASE)
+    np.save(tmp_path / "dx.npy", read_array(dx, label="test", dtype=torch.bfloat16, shape=case.input.shape).float())
+    code_bin, out_bin, _ = _compare(capsys, "--case", cases / BFLOAT16_CASE, "--dx", dx, "--json", tmp_path / "b.json")
+    code_npy, out_npy, _ = _compare(
+        capsys, "--case", cases / BFLOAT16_CASE, "--dx", tmp_path / "dx.npy", "--json", tmp_path / "n.json"
     )
-    code, _, err = _compare(capsys, "--case", cases / BFLOAT16_CASE, "--dx", tmp_path / "dx.npy")
-    assert code == 2
-    assert "holds float32; expected bfloat16; .npy cannot hold bfloat16: write raw little-endian .bin" in err
+    assert code_bin == code_npy == 0
+    assert (tmp_path / "b.json").read_text() == (tmp_path / "n.json").read_text()
+    assert (
+        out_npy.splitlines()[0]
+        == f"--dx: {tmp_path / 'dx.npy'} holds float32, rounded to bfloat16 (the case's dtype) to be judged"
+    )
+    assert out_npy.split("\n", 1)[1] == out_bin
+
+
+@pytest.mark.parametrize("folder", FOLDERS[::3])
+def test_a_cases_own_float64_golden_passes_in_any_dtype(cases, folder, capsys):
+    """The golden files (float64) judged for the case they belong to, whatever its dtype: they pass."""
+    flags = ["--dx", cases / folder / "dx_golden.npy", "--dgrid", cases / folder / "dgrid_golden.npy"]
+    code, out, _ = _compare(capsys, "--case", cases / folder, *flags)
+    assert code == 0 and out.rstrip().endswith("verdict: PASS"), out
 
 
 def _as_npy_case(cases, folder, tmp_path) -> list[str]:
@@ -393,7 +412,8 @@ def test_one_output_alone_is_judged(cases, tmp_path, capsys):
 
 def test_cases_refuses_bad_arguments(tmp_path, capsys):
     for arguments, message in [
-        (["--count", "0"], f"count must be between 1 and {len(CASE_SET)}; got 0"),
+        (["--count", "0"], "argument --count: must be at least 1; got 0"),
+        (["--count", str(len(CASE_SET) + 1)], f"count must be between 1 and {len(CASE_SET)}; got {len(CASE_SET) + 1}"),
         (["--dtypes", "float32,half"], "dtypes must be among float16, bfloat16, float32, float64; got half"),
         (["--seed", "-1"], "seed must be a non-negative integer; got -1"),
     ]:

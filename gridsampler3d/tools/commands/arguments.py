@@ -7,7 +7,16 @@ import sys
 
 import numpy as np
 
-__all__ = ["CliError", "add_attributes", "load_array", "mode_value", "require_device"]
+__all__ = [
+    "CliError",
+    "add_attributes",
+    "at_least",
+    "choices",
+    "load_array",
+    "mode_value",
+    "positive_float",
+    "require_device",
+]
 
 
 class CliError(Exception):
@@ -33,6 +42,46 @@ def add_attributes(parser: argparse.ArgumentParser, *, defaults: bool = True, ba
     parser.add_argument("--data-format", default=default("NCDHW"), help="NCDHW or NDHWC for grad, input and dx")
     if backend:
         parser.add_argument("--backend", default="auto", help="auto, reference, ... (see `gridsampler3d backends`)")
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer; got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}; got {number}")
+        return number
+
+    return parse
+
+
+def positive_float(value: str) -> float:
+    """An argparse type: a finite number above zero."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number; got {value!r}") from None
+    if not 0 < number < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0; got {value}")
+    return number
+
+
+def choices(allowed):
+    """An argparse type: one or more of ``allowed``, separated by commas (case-insensitive), as a list."""
+    by_lower = {value.lower(): value for value in allowed}
+
+    def parse(value: str) -> list:
+        picked = [part.strip().lower() for part in value.split(",") if part.strip()]
+        unknown = [part for part in picked if part not in by_lower]
+        if not picked or unknown:
+            raise argparse.ArgumentTypeError(f"must be among {', '.join(allowed)} (comma-separated); got {value!r}")
+        return [by_lower[part] for part in dict.fromkeys(picked)]
+
+    return parse
 
 
 def mode_value(value: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ...cpu.compile_report import reporting_compiles
-from .arguments import CliError, require_device, to_stderr
+from .arguments import CliError, at_least, positive_float, require_device, to_stderr
 
 __all__ = ["add_command", "thread_counts"]
 
@@ -18,10 +18,10 @@ def add_command(commands) -> None:
     bench.add_argument(
         "--threads", help="threads for both libraries, or several counts in turn (1,2); default: torch's setting"
     )
-    bench.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median; default 7)")
+    bench.add_argument("--repeats", type=at_least(1), default=7, help="timed runs per measurement (median; default 7)")
     bench.add_argument("--device", default="cpu", help="cpu or cuda")
     bench.add_argument("--backend", default="auto", help="our backend to time (default auto)")
-    bench.add_argument("--scale", type=float, default=1.0, help="multiply every case's edge sizes by this")
+    bench.add_argument("--scale", type=positive_float, default=1.0, help="multiply every case's edge sizes by this")
     bench.add_argument("--json", help="write the machine-readable report here")
     bench.add_argument("--plot", help="write a PNG bar chart of the ratios here")
     bench.add_argument("--markdown", action="store_true", help="also print the table as Markdown")

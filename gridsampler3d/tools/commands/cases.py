@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import CliError
+from .arguments import CliError, at_least
 
 __all__ = ["add_command"]
 
@@ -24,7 +24,7 @@ def add_command(commands) -> None:
     cases.add_argument("--out", required=True, metavar="DIR", help="folder to hold the case folders")
     cases.add_argument(
         "--count",
-        type=int,
+        type=at_least(1),
         metavar="K",
         help="the first K cases of the fixed order (default: all 24; every dtype from K = 4 on)",
     )
@@ -55,7 +55,9 @@ def _cases(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CliError(str(error)) from None
     print(
-        f"wrote {len(folders)} cases to {args.out} (dtypes {', '.join(dict.fromkeys(dtypes))}; seed {args.seed}). "
+        f"wrote {len(folders)} cases to {args.out} "
+        f"(dtypes {', '.join(dict.fromkeys(dtype for _, dtype in golden_kit.case_set(args.count, dtypes)))}; "
+        f"seed {args.seed}). "
         "Run your backward on each case's inputs, then judge its outputs with "
         "`gridsampler3d compare --case FOLDER --dx FILE --dgrid FILE`."
     )

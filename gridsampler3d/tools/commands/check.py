@@ -190,7 +190,12 @@ def run_check(device: str = "cpu", backends=None, quick: bool = False, echo=prin
 
     echo(HEADER)
     rows = []
-    with reporting_compiles(to_stderr) as compiles:
+    total = len(cases) * len(_variants(names))
+
+    def compiling(line: str) -> None:  # the compile messages, with how far the check has come
+        to_stderr(f"[case {len(rows) + 1}/{total}] {line}")
+
+    with reporting_compiles(compiling) as compiles:
         _check_cases(names, cases, (device, inputs, expected), rows, echo)
 
     failed = [row for row in rows if not row["passed"]]
@@ -242,7 +247,7 @@ def _check_cases(names, cases, data: tuple, rows: list, echo) -> None:
                 row["error"] = f"{type(error).__name__}: {error}".splitlines()[0]
             row["passed"] = row["error"] is None and not row["failures"]
             rows.append(row)
-            echo(format_row(row))
+            echo(f"{format_row(row)}  {len(rows)}/{len(cases) * len(_variants(names))}")
 
 
 def add_command(commands) -> None:

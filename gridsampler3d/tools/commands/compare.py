@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from .. import golden_kit
 from ..golden_kit import Case, dtype_name
 from .arguments import CliError, add_attributes, mode_value
 
-__all__ = ["OUTPUTS", "add_command", "judge", "passed", "format_report", "to_json"]
+__all__ = ["OUTPUTS", "add_command", "judge", "passed", "format_report", "read_output", "to_json"]
 
 OUTPUTS = ("dx", "dgrid")
 METRICS = ("mare", "mere", "rmse")
@@ -169,11 +170,12 @@ def add_command(commands) -> None:
         "--input file's); .npy inputs of another dtype must hold its values exactly",
     )
     compare.add_argument(
-        "--dx", metavar="FILE", help="dx to judge: .npy, or raw little-endian .bin, in the case's dtype, shaped like x"
+        "--dx",
+        metavar="FILE",
+        help="dx to judge, shaped like x: .npy in the case's dtype or a wider float (rounded to it), or raw "
+        "little-endian .bin in the case's dtype",
     )
-    compare.add_argument(
-        "--dgrid", metavar="FILE", help="dgrid to judge: .npy or .bin, in the case's dtype, shaped like the grid"
-    )
+    compare.add_argument("--dgrid", metavar="FILE", help="dgrid to judge, shaped like the grid: .npy or .bin, as --dx")
     compare.add_argument("--json", metavar="PATH", help="also write the verdict and the metrics here as JSON")
     compare.set_defaults(handler=_compare)
 
@@ -210,21 +212,42 @@ def _compare_case(args: argparse.Namespace):
     )
 
 
+def read_output(path: str, name: str, case: Case) -> tuple[torch.Tensor, str | None]:
+    """The output ``name`` (dx or dgrid) to judge from ``path``, in ``case.dtype``, and a note where it was rounded.
+
+    A ``.npy`` file may hold a wider float than the case (float64 or float32 for a 16-bit
+    case, float64 for float32: the case's own golden, an implementation that keeps a wider
+    result): it is rounded to the case's dtype, to nearest even, before it is judged.
+    """
+    label, like = f"--{name}", {"dx": case.input, "dgrid": case.grid}[name]
+    if Path(path).suffix == ".bin":
+        return golden_kit.read_array(path, label=label, dtype=case.dtype, shape=like.shape), None
+    tensor = golden_kit.read_array(path, label=label, shape=like.shape)
+    if tensor.dtype == case.dtype:
+        return tensor, None
+    given, wanted = dtype_name(tensor.dtype), dtype_name(case.dtype)
+    if torch.finfo(tensor.dtype).bits <= torch.finfo(case.dtype).bits:
+        hint = "; .npy cannot hold bfloat16: write float32, or raw little-endian .bin" if wanted == "bfloat16" else ""
+        wider = "" if case.dtype == torch.float64 else " or a wider float"
+        raise CliError(f"{label}: {path} holds {given}; expected {wanted}{wider}{hint}")
+    return tensor.to(case.dtype), f"{label}: {path} holds {given}, rounded to {wanted} (the case's dtype) to be judged"
+
+
 def _compare(args: argparse.Namespace) -> int:
     if args.dx is None and args.dgrid is None:
         raise CliError("nothing to judge: give --dx, --dgrid or both")
     try:
         case = _compare_case(args)
-        likes = {"dx": case.input, "dgrid": case.grid}
-        outputs = {
-            name: golden_kit.read_array(path, label=f"--{name}", dtype=case.dtype, shape=likes[name].shape)
-            for name, path in (("dx", args.dx), ("dgrid", args.dgrid))
-            if path is not None
-        }
+        outputs, notes = {}, []
+        for name, path in (("dx", args.dx), ("dgrid", args.dgrid)):
+            if path is not None:
+                outputs[name], note = read_output(path, name, case)
+                notes += [note] if note else []
         reports = judge(case, **outputs)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise CliError(str(error)) from None
-    print(format_report(case, reports))
+        # The library's hint names its keyword; here it is a flag.
+        raise CliError(re.sub(r"data_format='(\w+)'", r"--data-format \1", str(error))) from None
+    print("\n".join(notes + [format_report(case, reports)]))
     if args.json:
         try:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

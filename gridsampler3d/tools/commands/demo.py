@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ...cpu.compile_report import reporting_compiles
 from ...nn import Warp3d
 from .. import inputs
-from .arguments import CliError, require_device, to_stderr
+from .arguments import CliError, at_least, require_device, to_stderr
 
 __all__ = ["run_demo", "dice_scores", "normalised_cross_correlation"]
 
@@ -281,8 +281,8 @@ def run_demo(
 def add_command(commands) -> None:
     """Add ``demo`` to the command line's subcommands."""
     demo = commands.add_parser("demo", help="register a warped phantom through this library; figures and Dice")
-    demo.add_argument("--size", type=int, default=48, help="edge of the phantom volume (default 48)")
-    demo.add_argument("--steps", type=int, default=100, help="Adam steps (default 100)")
+    demo.add_argument("--size", type=at_least(8), default=48, help="edge of the phantom volume (default 48)")
+    demo.add_argument("--steps", type=at_least(1), default=100, help="Adam steps (default 100)")
     demo.add_argument("--device", default="cpu", help="cpu or cuda")
     demo.add_argument("--seed", type=int, default=0, help="seed of the known random deformation (default 0)")
     demo.add_argument("--out", default="out/demo", help="folder for the PNGs and summary.json (default out/demo)")
@@ -291,10 +291,6 @@ def add_command(commands) -> None:
 
 def _demo(args: argparse.Namespace) -> int:
     require_device(args.device)
-    if args.size < 8:
-        raise CliError(f"--size must be at least 8; got {args.size}")
-    if args.steps < 1:
-        raise CliError(f"--steps must be at least 1; got {args.steps}")
     if args.device == "cpu":
         to_stderr("a first run compiles the CPU kernels once, each named as it compiles")
     try:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ...cpu.compile_report import reporting_compiles
-from .arguments import CliError, add_attributes, load_array, mode_value, to_stderr
+from .arguments import CliError, add_attributes, at_least, load_array, mode_value, to_stderr
 
 __all__ = ["add_command"]
 
@@ -20,7 +21,7 @@ def add_command(commands) -> None:
     run.add_argument("--grad", help="dL/dy, .npy (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C)")
     run.add_argument("--input", help="the volume x, .npy (N, C, Di, Hi, Wi) or (N, Di, Hi, Wi, C)")
     run.add_argument("--grid", help="the sampling grid, .npy (N, Do, Ho, Wo, 3)")
-    run.add_argument("--size", type=int, default=64, help="edge of the built-in case's volume (default 64)")
+    run.add_argument("--size", type=at_least(4), default=64, help="edge of the built-in case's volume (default 64)")
     add_attributes(run)
     run.add_argument("--out", default="out/run", help="folder for dx.npy and dgrid.npy (default out/run)")
     run.set_defaults(handler=_run)
@@ -28,27 +29,41 @@ def add_command(commands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ... import api
+    from ...call import parse_options
     from .. import inputs
 
     given = {name: getattr(args, name) for name in ("grad", "input", "grid")}
     if any(given.values()) and not all(given.values()):
         missing = ", ".join(f"--{name}" for name, path in given.items() if not path)
         raise CliError(f"--grad, --input and --grid go together; missing {missing}")
-    if all(given.values()):
-        arrays = {name: load_array(path, name) for name, path in given.items()}
-        source = "files"
-    else:
-        arrays = inputs.default_case(size=args.size)
-        source = f"built-in default case: {args.size}³ phantom, smooth random warp, MSE gradient"
+    try:  # the attributes first: a bad one is said before anything is read, built or written
+        parse_options(
+            mode_value(args.interpolation_mode),
+            mode_value(args.padding_mode),
+            args.align_corners,
+            data_format=args.data_format,
+            backend=args.backend,
+        )
+    except (TypeError, ValueError) as error:
+        raise CliError(str(error)) from None
+    out = Path(args.out)
+    if not _creatable(out):
+        raise CliError(f"--out: cannot make the folder {out}")
 
-    to_stderr("computing dx and dgrid")
-    # The first call compiles the kernels a mode needs, once (or loads them from the disk
-    # cache); a second call times the backward itself.
+    # The first calls compile the kernels a mode needs, once (or load them from the disk
+    # cache), said as they do; a second backward times the backward itself.
     with reporting_compiles(to_stderr) as compiles:
+        if all(given.values()):
+            arrays = {name: load_array(path, name) for name, path in given.items()}
+            source = "files"
+        else:
+            to_stderr(f"building the built-in {args.size}³ case")
+            arrays = inputs.default_case(size=args.size)
+            source = f"built-in default case: {args.size}³ phantom, smooth random warp, MSE gradient"
+        to_stderr("computing dx and dgrid")
         first = _timed_backward(api, arrays, args)
     elapsed, (dx, dgrid) = _timed_backward(api, arrays, args)
 
-    out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         np.save(out / "dx.npy", dx)
@@ -75,6 +90,14 @@ def _run(args: argparse.Namespace) -> int:
             f"  -> {out / (name + '.npy')}"
         )
     return 0
+
+
+def _creatable(folder: Path) -> bool:
+    """Whether ``folder`` exists or its nearest existing parent is a folder this user may write to."""
+    for parent in (folder, *folder.absolute().parents):
+        if parent.exists():
+            return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    return False
 
 
 def _timed_backward(api, arrays: dict, args: argparse.Namespace) -> tuple[float, tuple]:
