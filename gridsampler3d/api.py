@@ -358,7 +358,8 @@ def explain(
     CUDA tensors, or any tensors with ``device="cuda"`` (meta tensors too, without a GPU),
     get the GPU engine's plan (:mod:`gridsampler3d.gpu.planner`), made from the shapes,
     strides, dtype, modes, outputs, ``deterministic`` (None: torch's flag) and the GPU's
-    compute capability (sm_90 where there is no GPU).
+    compute capability (where there is no GPU, sm_90, and the plan says it assumed it:
+    ``capability_assumed``, and "(assumed: no GPU here)" in its line).
 
     Args: as for :func:`grid_sampler3d_backward` (or :func:`warp3d_backward`, :func:`affine_warp3d_backward`).
 

@@ -10,6 +10,8 @@ in float32, as PyTorch's grid sampler does.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,13 +25,20 @@ from .sampling import Field, FieldKind
 
 __all__ = ["AffineWarp3d", "Warp3d", "affine_warp", "grid_sample", "integrate_velocity", "warp"]
 
+# What F.grid_sample warns when align_corners is None; its first sentence as PyTorch words it, so that a filter
+# written for PyTorch's warning matches this one too.
+ALIGN_CORNERS_DEFAULT_WARNING = (
+    "Default grid_sample and affine_grid behavior has changed to align_corners=False since 1.3.0. "
+    "Pass align_corners=True for the behaviour before it."
+)
+
 
 def grid_sample(
     input: Tensor,
     grid: Tensor,
     mode: str = "bilinear",
     padding_mode: str = "zeros",
-    align_corners: bool = False,
+    align_corners: bool | None = False,
     data_format: str = "NCDHW",
 ) -> Tensor:
     """``torch.nn.functional.grid_sample`` for 5-D input, on this library's kernels; differentiable.
@@ -39,7 +48,7 @@ def grid_sample(
         grid: (N, Do, Ho, Wo, 3), (x, y, z) normalised to [-1, 1].
         mode: "bilinear", "nearest" or "bicubic" (tricubic on 5-D input; or the integer codes).
         padding_mode: "zeros", "border" or "reflection" (or 0, 1, 2).
-        align_corners: as in ``F.grid_sample``.
+        align_corners: as in ``F.grid_sample``; None, as there, warns that the default is False and takes it.
         data_format: "NCDHW" or "NDHWC" for ``input`` and the output.
 
     Returns:
@@ -47,6 +56,9 @@ def grid_sample(
         ``F.grid_sample`` unchanged. Under ``torch.autocast`` it computes in float32, as
         PyTorch's grid sampler does.
     """
+    if align_corners is None:  # as F.grid_sample takes it, with its warning
+        warnings.warn(ALIGN_CORNERS_DEFAULT_WARNING, stacklevel=2)
+        align_corners = False
     options = parse_options(mode, padding_mode, align_corners, data_format=data_format)
     if options.data_format == DataFormat.NCDHW and isinstance(input, Tensor) and input.ndim == 4:
         sampling = options.sampling

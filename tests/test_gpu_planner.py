@@ -122,6 +122,8 @@ def test_a_plan_reads_as_one_line_and_is_a_value():
     assert hash(plan) == hash(make_plan(backward(deterministic=True, capability=(8, 6))))
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.walk = False
+    assumed = str(make_plan(backward(capability=(9, 0), capability_assumed=True)))
+    assert assumed.startswith("backward on cuda sm_90 (assumed: no GPU here): trilinear")
 
 
 def test_explain_plans_a_cuda_call_from_shapes_alone():
@@ -139,10 +141,12 @@ def test_explain_plans_a_cuda_call_from_shapes_alone():
             sampling=Sampling.parse("bilinear", "border"),
             deterministic=True,
             capability=plan.capability,
+            capability_assumed=not torch.cuda.is_available(),
             autotune=plan.gather_tuned,
         )
     )
     assert plan == expected
+    assert ("(assumed: no GPU here)" in str(plan)) == (not torch.cuda.is_available())
     displacement = torch.empty(1, 3, 24, 24, 24, device="meta")
     volume = torch.empty(1, 1, 24, 24, 24, device="meta")
     warp = gs.explain(volume, displacement, field_kind="displacement", device="cuda")

@@ -1,5 +1,8 @@
 """PyTorch integration: autograd, custom ops, torch.compile, autocast, Warp3d, the drop-in patch."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -188,6 +191,42 @@ def test_patch_routes_5d_grid_sample_and_unpatch_restores(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+def test_the_patch_is_counted():
+    """Each patch_torch() needs its unpatch_torch(); patched() inside a patch leaves it in force; an unpatch
+    without a patch does nothing."""
+    assert not gs.is_patched()
+    gs.patch_torch()
+    gs.patch_torch()
+    with gs.patched():
+        assert gs.is_patched()
+    gs.unpatch_torch()
+    assert gs.is_patched()
+    gs.unpatch_torch()
+    assert not gs.is_patched()
+    gs.unpatch_torch()
+    assert not gs.is_patched()
+    with gs.patched():
+        assert gs.is_patched()
+    assert not gs.is_patched()
+
+
+def test_the_patch_raises_no_warning_in_a_fresh_process():
+    """PyTorch warns once per process about an overridden kernel: the patch's own registration says nothing
+    (with every warning made an error), and a patched call runs."""
+    code = (
+        "import warnings, torch\n"
+        "import gridsampler3d as gs\n"
+        "warnings.simplefilter('error')\n"
+        "with gs.patched():\n"
+        "    x = torch.randn(1, 1, 3, 3, 3)\n"
+        "    torch.nn.functional.grid_sample(x, torch.zeros(1, 2, 2, 2, 3), align_corners=False)\n"
+        "print('quiet')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "quiet", result.stderr
+    assert result.stderr == ""
+
+
 @pytest.mark.parametrize("data_format", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True], ids=["noac", "ac"])
@@ -220,3 +259,13 @@ def test_double_backward_matches_torch(padding):
     # rounding of those sums stays far below 1e-10 at these sizes.
     for ours, theirs in zip(second_order(gs.grid_sample), expected):
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+
+
+def test_align_corners_none_is_taken_as_f_grid_sample_takes_it():
+    """None warns (the warning a filter for PyTorch's matches) and samples as align_corners=False."""
+    x, grid = _leaves(seed=11)
+    with pytest.warns(UserWarning, match="Default grid_sample and affine_grid behavior"):
+        ours = gs.grid_sample(x, grid, align_corners=None)
+    with pytest.warns(UserWarning, match="Default grid_sample and affine_grid behavior"):
+        theirs = F.grid_sample(x, grid, align_corners=None)
+    assert torch.equal(ours, theirs) and torch.equal(ours, gs.grid_sample(x, grid, align_corners=False))

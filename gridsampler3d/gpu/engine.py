@@ -52,11 +52,15 @@ from .records import RowMoments, constexpr_members
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
 
 
-def _capability(device: torch.device) -> tuple:
-    """(major, minor) of ``device``'s GPU; sm_90 where there is none (a plan made from shapes alone)."""
+# The compute capability a plan assumes where there is no GPU to ask (a plan made from shapes alone).
+ASSUMED_CAPABILITY = (9, 0)
+
+
+def _capability(device: torch.device) -> tuple[tuple, bool]:
+    """(major, minor) of ``device``'s GPU, and whether it was assumed (:data:`ASSUMED_CAPABILITY`: no GPU here)."""
     if device.type == "cuda" and torch.cuda.is_available():
-        return tuple(torch.cuda.get_device_capability(device))
-    return (9, 0)
+        return tuple(torch.cuda.get_device_capability(device)), False
+    return ASSUMED_CAPABILITY, True
 
 
 def describe_call(
@@ -72,6 +76,7 @@ def describe_call(
     """The GPU planner's description of a call from its NCDHW tensors (of any device, meta included) and records;
     ``device`` (default x's) is where it runs."""
     device = x.device if device is None else device
+    capability, assumed = _capability(device)
     return GpuCall.describe(
         stage,
         x,
@@ -82,7 +87,8 @@ def describe_call(
         deterministic=bool(deterministic),
         interpreted=device.type == "cpu" and interpreter_enabled(),
         autotune=autotune.enabled(device),
-        capability=_capability(device),
+        capability=capability,
+        capability_assumed=assumed,
     )
 
 

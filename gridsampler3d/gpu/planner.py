@@ -81,7 +81,8 @@ class GpuCall(Problem):
     one channel), so a program can read a tap's channel vector at once. ``deterministic``:
     the backward's sums run in a fixed order. ``interpreted``: the kernels run through
     Triton's interpreter. ``autotune``: launches on this device may be tuned
-    (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor).
+    (:func:`.autotune.enabled`). ``capability``: the GPU's (major, minor);
+    ``capability_assumed``: there is no GPU here, and the plan assumes ``capability``.
     """
 
     channels_adjacent: bool = False
@@ -89,6 +90,7 @@ class GpuCall(Problem):
     interpreted: bool = False
     autotune: bool = True
     capability: tuple = (9, 0)
+    capability_assumed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +125,13 @@ class GpuPlan:
     sums: str = "float32"
     dx_sums: str = "float32"
     capability: tuple = (9, 0)
+    capability_assumed: bool = False
     interpreted: bool = False
 
     def __str__(self) -> str:
         where = "Triton's interpreter" if self.interpreted else f"cuda sm_{self.capability[0]}{self.capability[1]}"
+        if self.capability_assumed and not self.interpreted:
+            where += " (assumed: no GPU here)"
         kernel = {
             Interpolation.BILINEAR: "trilinear",
             Interpolation.NEAREST: "nearest",
@@ -264,6 +269,7 @@ def _forward_plan(call: GpuCall) -> GpuPlan:
         interpolation=interpolation,
         sums=_sums(call),
         capability=call.capability,
+        capability_assumed=call.capability_assumed,
         interpreted=call.interpreted,
         tune_key=tune_key(call),
     )
@@ -291,6 +297,7 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
         sums=_sums(call),
         dx_sums=_sums(call, exact_half=dx != DxMethod.ATOMIC),
         capability=call.capability,
+        capability_assumed=call.capability_assumed,
         interpreted=call.interpreted,
         walk=dx == DxMethod.ATOMIC or in_walk,
         tune_key=tune_key(call),
