@@ -13,8 +13,9 @@ TEST_EXTRAS ?= dev
 # which the workers share through the on-disk cache.
 TEST_WORKERS ?= auto
 # The modules the API reference documents (`make docs`, into out/api): the package's public
-# names, and the plan, the precision rule and the golden kit.
-API_MODULES ?= gridsampler3d gridsampler3d.cpu.planner gridsampler3d.precision gridsampler3d.tools.golden_kit
+# names, the precision rule, the CPU plan, the MONAI transforms, ONNX export and the golden kit
+# (the package's page links each of them).
+API_MODULES ?= gridsampler3d gridsampler3d.precision gridsampler3d.cpu.planner gridsampler3d.monai gridsampler3d.onnx gridsampler3d.tools.golden_kit
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install $(PIP_OPTIONS)
 STAMP := $(VENV)/.installed
@@ -64,8 +65,9 @@ format: $(EXTRA)$(TEST_EXTRAS)
 bench: $(EXTRA)bench
 	$(VENV)/bin/gridsampler3d bench --json out/bench.json --plot out/bench.png
 
+# The docstrings are Google style (Args:, Returns:); tests/test_docs.py builds the same, without a warning.
 docs: $(EXTRA)docs
-	$(PY) -m pdoc --output-directory out/api $(API_MODULES)
+	$(PY) -m pdoc --docformat google --output-directory out/api $(API_MODULES)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

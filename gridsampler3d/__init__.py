@@ -1,10 +1,21 @@
 """gridsampler3d: 3-D grid sampling and its backward (GridSampler3DGrad), exact and fast.
 
+```python
 y = grid_sampler3d(input, grid, ...)
 dx, dgrid = grid_sampler3d_backward(grad, input, grid, ...)
 y = grid_sample(input, grid, mode, padding_mode, align_corners)   # differentiable
 y = warp(volume, displacement)                                    # fused: identity + displacement
 y = affine_warp(volume, theta, size, displacement=None)           # fused: F.affine_grid's theta (+ displacement)
+```
+
+The names below are the package's public API. The other pages of this reference:
+
+- `gridsampler3d.precision`: the precision rule (MARE, MERE, RMSE against the float64 golden);
+- `gridsampler3d.cpu.planner`: the CPU engine's plan of a call, as `explain` returns it;
+- `gridsampler3d.monai`: MONAI's `Affine` and `RandAffine` on the fused affine field;
+- `gridsampler3d.onnx`: export as ONNX's standard GridSample;
+- `gridsampler3d.tools.golden_kit`: cases with their float64 golden, and the verdict on another
+  implementation's outputs.
 """
 
 from . import requirements  # noqa: F401 - first: refuses a torch older than the custom ops need

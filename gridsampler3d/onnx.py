@@ -35,7 +35,8 @@ from .sampling import Field, FieldKind, Sampling
 
 __all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "sample", "warp"]
 
-MIN_OPSET = 20  # GridSample before opset 20 samples 4-D input only
+MIN_OPSET = 20
+"""The lowest opset the export takes: GridSample before opset 20 samples 4-D input only."""
 
 # Set while torch.export traces, strict or not (absent from older torch).
 _torch_exporting = getattr(torch.compiler, "is_exporting", None)

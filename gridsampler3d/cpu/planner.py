@@ -21,11 +21,16 @@ import dataclasses
 import enum
 import functools
 import math
+from typing import TYPE_CHECKING
 
 from ..dtypes import HALF_NAMES
 from ..modes import Interpolation
 from ..problem import Gradient, Problem, Stage
 from . import tuning
+
+if TYPE_CHECKING:  # the names in the inherited fields' annotations, for the API reference
+    from ..problem import Outputs  # noqa: F401
+    from ..sampling import FieldKind, Sampling  # noqa: F401
 
 __all__ = ["Call", "DxPass", "GridPass", "Plan", "Stage", "Strategy", "facts_needed", "make_plan"]
 
