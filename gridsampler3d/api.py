@@ -11,6 +11,9 @@ The fused warp samples at identity + a displacement in voxels, with no grid:
     volume, dvolume                (N, C, D, H, W)  /  (N, D, H, W, C)
     displacement, ddisplacement    (N, 3, D, H, W)  /  (N, D, H, W, 3)  ((dz, dy, dx) in voxels)
 
+The affine field takes theta (N, 3, 4) and an output size; the B-spline field its control
+points (N, 3, Kd, Kh, Kw), (dz, dy, dx) in voxels, evaluated in the kernels.
+
 Each operator is three steps: :func:`.call.parse_options` and :func:`.call.parse_call` (every
 parse and check, once), :func:`.backends.forward` or :func:`.backends.backward` (the engine),
 and :func:`.call.restore_output` or :func:`.call.restore_gradients` (the caller's layouts,
@@ -29,6 +32,8 @@ from .sampling import FieldKind
 __all__ = [
     "affine_warp3d",
     "affine_warp3d_backward",
+    "bspline_warp3d",
+    "bspline_warp3d_backward",
     "explain",
     "grid_sampler3d",
     "grid_sampler3d_backward",
@@ -328,6 +333,113 @@ def affine_warp3d_backward(
     return _backward(call)
 
 
+def bspline_warp3d(
+    volume,
+    control_points,
+    size=None,
+    spacing=None,
+    origin=None,
+    theta=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    data_format="NCDHW",
+    backend="auto",
+):
+    """Sample a volume at a cubic B-spline free-form deformation of the output's voxels, with no dense field.
+
+    Output voxel p = (d, h, w) samples at ``p + u(p)``, or with ``theta`` at ``M p + u(p)``
+    (``M`` theta in voxel terms, as :func:`affine_warp3d` composes its displacement), where
+    ``u`` is the cubic B-spline of the control points (:mod:`gridsampler3d.bspline`;
+    docs/semantics.md, "The B-spline field", has the formulas). The engines evaluate ``u``
+    per point, in float64.
+
+    Args:
+        volume: (N, C, D, H, W), or (N, D, H, W, C) with ``data_format="NDHWC"``; a torch
+            tensor (any device) or a NumPy array; float16/bfloat16/float32/float64.
+        control_points: (N, 3, Kd, Kh, Kw), K >= 4 per axis, (dz, dy, dx) in input voxels;
+            the volume's dtype and device.
+        size: the output's (Do, Ho, Wo); default the volume's (D, H, W).
+        spacing, origin: the control grid in output voxels, each one number or (d, h, w);
+            default spacing ``(S - 1) / (K - 3)`` per axis and origin ``-spacing``.
+        theta: None, or (N, 3, 4) as ``F.affine_grid`` takes it.
+        interpolation_mode, padding_mode, align_corners, data_format, backend: as for
+            :func:`grid_sampler3d`.
+
+    Returns:
+        (N, C, Do, Ho, Wo), or (N, Do, Ho, Wo, C) for NDHWC, of the volume's kind, dtype and device.
+    """
+    options = parse_options(interpolation_mode, padding_mode, align_corners, data_format=data_format, backend=backend)
+    call = parse_call(
+        FieldKind.BSPLINE,
+        options,
+        volume,
+        control_points=control_points,
+        theta=theta,
+        size=size,
+        spacing=spacing,
+        origin=origin,
+        where="bspline_warp3d",
+    )
+    return _forward(call)
+
+
+def bspline_warp3d_backward(
+    grad,
+    volume,
+    control_points,
+    size=None,
+    spacing=None,
+    origin=None,
+    theta=None,
+    interpolation_mode="bilinear",
+    padding_mode="zeros",
+    align_corners=False,
+    output_mask=(True, True, True),
+    data_format="NCDHW",
+    backend="auto",
+    deterministic=None,
+):
+    """Gradients of :func:`bspline_warp3d`: (dvolume, dcontrol_points, dtheta).
+
+    Args:
+        grad: dL/dy, (N, C, Do, Ho, Wo) or (N, Do, Ho, Wo, C).
+        volume, control_points, size, spacing, origin, theta, interpolation_mode, padding_mode,
+            align_corners, data_format, backend: as for :func:`bspline_warp3d`.
+        output_mask: (compute dvolume, compute dcontrol_points, compute dtheta); an output not
+            asked for (or, without theta, dtheta) is ``None`` and not computed.
+        deterministic: as for :func:`grid_sampler3d_backward`. dcontrol_points and dtheta are
+            summed in float64 in a fixed order in every mode (the same bits for any thread
+            count) and rounded once; no (N, 3, Do, Ho, Wo) gradient is stored on the way.
+
+    Returns:
+        ``(dvolume, dcontrol_points, dtheta)``, shaped and laid out like volume, the control points and theta.
+    """
+    options = parse_options(
+        interpolation_mode,
+        padding_mode,
+        align_corners,
+        data_format=data_format,
+        backend=backend,
+        deterministic=deterministic,
+    )
+    call = parse_call(
+        FieldKind.BSPLINE,
+        options,
+        volume,
+        control_points=control_points,
+        theta=theta,
+        size=size,
+        spacing=spacing,
+        origin=origin,
+        grad=grad,
+        output_mask=output_mask,
+        backward=True,
+        where="bspline_warp3d_backward",
+    )
+    return _backward(call)
+
+
 def explain(
     input,
     field,
@@ -342,6 +454,9 @@ def explain(
     deterministic=None,
     size=None,
     displacement=None,
+    spacing=None,
+    origin=None,
+    theta=None,
 ):
     """The plan an engine makes for a call, made as the call would make it, without running any kernel.
 
@@ -350,7 +465,10 @@ def explain(
     ``field_kind="displacement"``, the fused warp's displacement (N, 3, D, H, W)
     (:func:`warp3d`); with ``field_kind="affine"``, theta (N, 3, 4), with ``size`` and an
     optional ``displacement`` (N, 3, Do, Ho, Wo) (:func:`affine_warp3d`; ``output_mask`` is
-    then (dvolume, dtheta, ddisplacement), or a pair (dvolume, dtheta) with ddisplacement asked for).
+    then (dvolume, dtheta, ddisplacement), or a pair (dvolume, dtheta) with ddisplacement asked for);
+    with ``field_kind="bspline"``, the control points (N, 3, Kd, Kh, Kw), with ``size``,
+    ``spacing``, ``origin`` and an optional ``theta`` (:func:`bspline_warp3d`; ``output_mask``
+    (dvolume, dcontrol_points, dtheta), or a pair with dtheta asked for).
 
     CPU tensors get the CPU engine's plan (:mod:`gridsampler3d.cpu.planner`): it depends on
     the shapes, layout, dtype, modes, outputs, ``torch.get_num_threads()`` and, where it
@@ -370,11 +488,14 @@ def explain(
     options = parse_options(
         interpolation_mode, padding_mode, align_corners, data_format=data_format, deterministic=deterministic
     )
-    if kind.affine and grad is not None and _length(output_mask) == 2:
+    if (kind.affine or kind.spline) and grad is not None and _length(output_mask) == 2:
         output_mask = (*output_mask, True)
-    operands = (
-        {"theta": field, "size": size, "displacement": displacement} if kind.affine else {kind.name.lower(): field}
-    )
+    if kind.affine:
+        operands = {"theta": field, "size": size, "displacement": displacement}
+    elif kind.spline:
+        operands = {"control_points": field, "size": size, "spacing": spacing, "origin": origin, "theta": theta}
+    else:
+        operands = {kind.name.lower(): field}
     call = parse_call(kind, options, input, grad=grad, output_mask=output_mask, runs=False, where="explain", **operands)
     target = call.x.device if device is None else validate.check_device(device)
     stage = Stage.FORWARD if grad is None else Stage.BACKWARD

@@ -6,10 +6,11 @@
                                    padding_mode, align_corners, output_mask) -> (dinput, dfield, dtheta)
 
 The ops take a :class:`.sampling.Field` spread over arguments: its tensor (a grid
-(N, Do, Ho, Wo, 3) or a displacement (N, 3, Do, Ho, Wo)) and theta (N, 3, 4), each or both
-present as the kind has them, the kind's code, the output's sizes (Do, Ho, Wo: an affine
-field's; empty for the kinds whose tensor gives them) and the
-kind's parameters (None for a kind without, today's all); the volume and grad are NCDHW (any
+(N, Do, Ho, Wo, 3), a displacement (N, 3, Do, Ho, Wo) or a B-spline's control points
+(N, 3, Kd, Kh, Kw)) and theta (N, 3, 4), each or both present as the kind has them, the
+kind's code, the output's sizes (Do, Ho, Wo: an affine or B-spline field's; empty for the
+kinds whose tensor gives them) and the kind's parameters (a B-spline's spacing and origin;
+None for the kinds without); the volume and grad are NCDHW (any
 strides); the attributes are the aclnn codes. The backward's outputs come in the records'
 one order, (dx, dfield, dtheta), an output not asked for (or that the field lacks) as an
 empty tensor (custom ops cannot return None).
@@ -50,9 +51,9 @@ def _field(kind: int, tensor, theta, size, parameters) -> Field:
 
 
 def _size(record: Field) -> list:
-    """The output's sizes as the ops take them: an affine field's (as ints while torch.jit.trace records them);
-    none for the kinds whose tensors give them."""
-    if not record.kind.affine:
+    """The output's sizes as the ops take them: an affine or B-spline field's (as ints while torch.jit.trace records
+    them); none for the kinds whose tensors give them."""
+    if record.kind in (FieldKind.GRID, FieldKind.DISPLACEMENT):
         return []
     return [int(size) for size in record.out_sizes] if torch.jit.is_tracing() else list(record.out_sizes)
 

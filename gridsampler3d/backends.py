@@ -19,6 +19,7 @@ import torch
 
 from . import reference
 from .affine import explicit_grid
+from .bspline import dense_displacement
 from .layout import memory_format_of
 from .rounding import round_once
 from .sampling import Field, Gradients, Outputs, Sampling
@@ -118,7 +119,11 @@ class ReferenceBackend:
 
 
 def _reference_field(field: Field):
-    """The field as :func:`.reference.positions` takes it: a float64 array, or (theta, size or displacement)."""
+    """The field as :func:`.reference.positions` takes it: a float64 array, (theta, size or displacement), or a
+    B-spline's (control points, size, parameters, theta or None)."""
+    if field.kind.spline:
+        theta = None if field.theta is None else _to_float64_numpy(field.theta)
+        return _to_float64_numpy(field.tensor), field.out_sizes, field.parameters, theta
     if not field.kind.affine:
         return _to_float64_numpy(field.tensor)
     rest = field.out_sizes if field.tensor is None else _to_float64_numpy(field.tensor)
@@ -266,19 +271,24 @@ def _finite(field: Field) -> bool:
 
 
 def _explicit(field: Field, x: torch.Tensor, sampling: Sampling) -> Field:
-    """The grid of an affine field (:func:`.affine.explicit_grid`), for a theta that is not finite."""
+    """The grid of an affine field (:func:`.affine.explicit_grid`; a B-spline's displacement as its dense field), for
+    a theta that is not finite."""
+    displacement = field.tensor
+    if field.kind.spline:
+        displacement = dense_displacement(field.tensor, field.out_sizes, field.parameters)
     return Field.grid(
-        explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]), field.tensor)
+        explicit_grid(field.theta, field.out_sizes, sampling.align_corners, tuple(x.shape[2:]), displacement)
     )
 
 
 def _explicit_backward(engine, grad, x, field: Field, sampling: Sampling, outputs: Outputs, deterministic: bool):
     """The backward through the explicit grid (for a theta that is not finite): the grid's gradient by the engine,
-    then theta's and the displacement's by autograd through :func:`.affine.explicit_grid`."""
+    then theta's and the displacement's (or control points') by autograd through :func:`.affine.explicit_grid`."""
     theta = field.theta.detach().requires_grad_(outputs.dtheta)
     displacement = None if field.tensor is None else field.tensor.detach().requires_grad_(outputs.dfield)
+    leaves = Field(field.kind, displacement, theta, field.out_sizes, field.parameters)
     with torch.enable_grad():
-        grid = _explicit(Field.affine(theta, field.out_sizes, displacement), x, sampling).tensor
+        grid = _explicit(leaves, x, sampling).tensor
     dx, dgrid, _ = engine.backward(
         grad,
         x,

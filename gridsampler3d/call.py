@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from . import backends, validate
+from .bspline import grid_of
 from .layout import from_ncdhw, to_ncdhw
 from .modes import (
     DataFormat,
@@ -170,18 +171,46 @@ def _affine_field(volume, batch: int, spatial, options: Options, operands: dict)
     return Field(FieldKind.AFFINE_DISPLACEMENT, displacement, theta, size)
 
 
+def _bspline_field(volume, batch: int, spatial, options: Options, operands: dict) -> Field:
+    control_points, theta = operands["control_points"], operands.get("theta")
+    validate.check_control_points(control_points, batch)
+    if theta is not None:
+        validate.check_theta(theta, batch)
+    size = spatial if operands["size"] is None else validate.check_size(operands["size"], spatial)
+    validate.check_bspline_grid(operands["spacing"], operands["origin"])
+    parameters = grid_of(size, control_points.shape[2:], operands["spacing"], operands["origin"])
+    return Field.bspline(control_points, size, parameters, theta)
+
+
 _DISPLACEMENT = Kind(
     "volume", ("dx", "dfield"), "dvolume, ddisplacement", _displacement_field, "the volume's", ("displacement",)
 )
 _AFFINE = Kind(
     "volume", ("dx", "dtheta", "dfield"), "dvolume, dtheta, ddisplacement", _affine_field, "the output size", ("theta",)
 )
-#: Each kind of field as the public names take it (the affine field's two kinds share one operator).
+_BSPLINE = Kind(
+    "volume",
+    ("dx", "dfield", "dtheta"),
+    "dvolume, dcontrol_points, dtheta",
+    _bspline_field,
+    "the output size",
+    ("control_points",),
+)
+#: Each kind of field as the public names take it (an affine field's two kinds share one operator, and a
+#: B-spline's two).
 KINDS = {
     FieldKind.GRID: Kind("input", ("dx", "dfield"), "dx, dgrid", _grid_field, "grid's", ("grid",)),
     FieldKind.DISPLACEMENT: _DISPLACEMENT,
     FieldKind.AFFINE: _AFFINE,
     FieldKind.AFFINE_DISPLACEMENT: _AFFINE,
+    FieldKind.BSPLINE: _BSPLINE,
+    FieldKind.BSPLINE_AFFINE: _BSPLINE,
+}
+#: The name of each kind's field tensor in the public names (its gradient's operand).
+_FIELD_OPERANDS = {
+    FieldKind.GRID: "grid",
+    FieldKind.BSPLINE: "control_points",
+    FieldKind.BSPLINE_AFFINE: "control_points",
 }
 
 
@@ -192,8 +221,11 @@ def parse_call(
     *,
     grid=None,
     displacement=None,
+    control_points=None,
     theta=None,
     size=None,
+    spacing=None,
+    origin=None,
     grad=None,
     output_mask=None,
     backward: bool = False,
@@ -203,7 +235,8 @@ def parse_call(
     where: str = "gridsampler3d",
 ) -> Call:
     """The checked :class:`Call` of a public call: ``volume`` and the operands of a field of ``kind`` (a grid, a
-    displacement, or theta with a size and an optional displacement), and for a ``backward`` (or, with ``grad``
+    displacement, theta with a size and an optional displacement, or a B-spline's control points with a size, the
+    grid's spacing and origin, and an optional theta), and for a ``backward`` (or, with ``grad``
     given, a plan of one) ``grad`` and ``output_mask`` (in the kind's order, :data:`KINDS`; None asks for every
     output).
 
@@ -217,7 +250,8 @@ def parse_call(
     spec = KINDS[kind]
     tensors = {spec.volume: volume}
     backward = backward or grad is not None
-    for name, value in (("grid", grid), ("displacement", displacement), ("theta", theta), ("grad", grad)):
+    operands = (("grid", grid), ("displacement", displacement), ("control_points", control_points), ("theta", theta))
+    for name, value in (*operands, ("grad", grad)):
         if value is not None or name in spec.required or (name == "grad" and backward):
             tensors[name] = value
     given_arrays = ()
@@ -235,8 +269,10 @@ def parse_call(
     if runs:
         validate.check_runnable(volume, spec.volume, where)
     batch, channels, spatial = validate.check_volume(volume, spec.volume, options.data_format)
-    if kind.affine:
+    if kind.affine or kind.spline:
         tensors["size"] = size
+    if kind.spline:
+        tensors["spacing"], tensors["origin"] = spacing, origin
     field = spec.field(volume, batch, spatial, options, tensors)
     outputs, grad_view = Outputs(), None
     if backward:
@@ -285,7 +321,7 @@ def restore_gradients(call: Call, gradients: Gradients) -> tuple:
     spec = KINDS[call.field.kind]
     restored = {
         "dx": (dx, spec.volume),
-        "dfield": (dfield, "grid" if call.field.kind == FieldKind.GRID else "displacement"),
+        "dfield": (dfield, _FIELD_OPERANDS.get(call.field.kind, "displacement")),
         "dtheta": (dtheta, "theta"),
     }
     return tuple(_as_caller(*restored[name], call) for name in spec.gradients)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .affine import voxel_matrix
+from .bspline import dense_displacement
 from .modes import Interpolation, Padding
 from .reference import CUBIC_A, INT_MAX, INT_MIN, OUT_OF_RANGE
 from .sampling import Field, FieldKind, Sampling
@@ -103,11 +104,12 @@ def _bicubic(x, grid, padding: Padding, align_corners: bool, tap, out_shape, kin
 def _positions(field: Field, in_sizes, align_corners: bool):
     """The positions (N, Do, Ho, Wo, 3) as (x, y, z) of ``field``: a grid's normalised coordinates; else voxel
     positions: identity + displacement (N, 3, D, H, W; (dz, dy, dx)), or an affine field's ``M @ (w, h, d, 1)``
-    (:func:`.affine.voxel_matrix`, differentiable in theta) plus its displacement, if any."""
+    (:func:`.affine.voxel_matrix`, differentiable in theta) plus its displacement, if any; a B-spline's
+    displacement is its dense field (:func:`.bspline.dense_displacement`)."""
     if field.kind == FieldKind.GRID:
         return field.tensor
     out_sizes = field.out_sizes
-    like = field.theta if field.kind.affine else field.tensor
+    like = field.tensor if field.tensor is not None else field.theta
     options = {"dtype": like.dtype, "device": like.device}
     zz, yy, xx = torch.meshgrid(*[torch.arange(size, **options) for size in out_sizes], indexing="ij")
     if field.kind.affine:
@@ -120,7 +122,8 @@ def _positions(field: Field, in_sizes, align_corners: bool):
         identity = [xx, yy, zz]
     if field.tensor is None:
         return torch.stack(identity, dim=-1)
-    return torch.stack([identity[axis] + field.tensor[:, 2 - axis] for axis in range(3)], dim=-1)
+    displacement = dense_displacement(field.tensor, out_sizes, field.parameters) if field.kind.spline else field.tensor
+    return torch.stack([identity[axis] + displacement[:, 2 - axis] for axis in range(3)], dim=-1)
 
 
 def sample(x, field: Field, sampling: Sampling):

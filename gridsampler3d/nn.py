@@ -23,7 +23,16 @@ from .layout import from_ncdhw, to_ncdhw
 from .modes import DataFormat, DisplacementFormat
 from .sampling import Field, FieldKind
 
-__all__ = ["AffineWarp3d", "Warp3d", "affine_warp", "grid_sample", "integrate_velocity", "warp"]
+__all__ = [
+    "AffineWarp3d",
+    "BSplineWarp3d",
+    "Warp3d",
+    "affine_warp",
+    "bspline_warp",
+    "grid_sample",
+    "integrate_velocity",
+    "warp",
+]
 
 # What F.grid_sample warns when align_corners is None; its first sentence as PyTorch words it, so that a filter
 # written for PyTorch's warning matches this one too.
@@ -180,6 +189,71 @@ def _affine_warp(volume, theta, size, displacement, options: Options, where: str
     return from_ncdhw(sample(call), options.data_format)
 
 
+def bspline_warp(
+    volume: Tensor,
+    control_points: Tensor,
+    size=None,
+    *,
+    spacing=None,
+    origin=None,
+    theta: Tensor | None = None,
+    mode: str = "bilinear",
+    padding_mode: str = "zeros",
+    align_corners: bool = False,
+    data_format: str = "NCDHW",
+) -> Tensor:
+    """Warp ``volume`` by a cubic B-spline free-form deformation, evaluated in the kernels; differentiable.
+
+    Output voxel p = (d, h, w) samples the volume at ``p + u(p)`` (or, with ``theta``, at the
+    affine's position ``M p + u(p)``, :func:`affine_warp`'s composition), ``u`` the cubic
+    B-spline of ``control_points`` (:mod:`gridsampler3d.bspline`, docs/semantics.md). No
+    dense field is made: the engines evaluate ``u`` per point and reduce the gradient with
+    respect to the control points (and theta) inside their kernels, in float64, in a fixed
+    order.
+
+    Args:
+        volume: (N, C, D, H, W), or (N, D, H, W, C) with ``data_format="NDHWC"``.
+        control_points: (N, 3, Kd, Kh, Kw), K >= 4 on each axis: displacements (dz, dy, dx)
+            in input voxels, ``gs.warp``'s order and units; the volume's dtype and device.
+        size: the output's (Do, Ho, Wo); default the volume's (D, H, W).
+        spacing: the control points' spacing in output voxels, one number or (d, h, w);
+            default ``(S - 1) / (K - 3)`` per axis (the grid spans the output with one point
+            beyond each end; 1 where S = 1).
+        origin: the output voxel position of control point 0, one number or (d, h, w);
+            default ``-spacing``.
+        theta: None, or (N, 3, 4) as ``F.affine_grid`` takes it.
+        mode: "bilinear", "nearest" or "bicubic" (tricubic).
+        padding_mode: "zeros", "border" or "reflection".
+        align_corners: as for :func:`warp` (reflection's bounds), and as in ``F.affine_grid``
+            for ``theta``.
+        data_format: "NCDHW" or "NDHWC" for ``volume`` and the output.
+
+    Returns:
+        (N, C, Do, Ho, Wo), or (N, Do, Ho, Wo, C) for NDHWC. Under ``torch.autocast`` it
+        computes in float32, as PyTorch's grid sampler does.
+    """
+    options = parse_options(mode, padding_mode, align_corners, data_format=data_format)
+    return _bspline_warp(volume, control_points, size, spacing, origin, theta, options, "bspline_warp")
+
+
+def _bspline_warp(volume, control_points, size, spacing, origin, theta, options: Options, where: str) -> Tensor:
+    call = parse_call(
+        FieldKind.BSPLINE,
+        options,
+        volume,
+        control_points=control_points,
+        theta=theta,
+        size=size,
+        spacing=spacing,
+        origin=origin,
+        arrays=False,
+        runs=False,
+        autocast=True,
+        where=where,
+    )
+    return from_ncdhw(sample(call), options.data_format)
+
+
 def integrate_velocity(
     velocity: Tensor,
     steps: int = 7,
@@ -313,3 +387,45 @@ class AffineWarp3d(_Sampler):
 
     def extra_repr(self) -> str:
         return f"size={self._size}, {super().extra_repr()}"
+
+
+class BSplineWarp3d(_Sampler):
+    """:func:`bspline_warp` as a module: ``forward(volume, control_points, theta=None)``.
+
+    volume (N, C, D, H, W), control points (N, 3, Kd, Kh, Kw) in voxels, an optional theta
+    (N, 3, 4) -> (N, C, Do, Ho, Wo). ``size`` (Do, Ho, Wo) (default: the volume's), and the
+    control grid's ``spacing`` and ``origin`` (default: spanning the output), are fixed at
+    construction.
+    """
+
+    def __init__(
+        self,
+        size=None,
+        *,
+        spacing=None,
+        origin=None,
+        mode: str = "bilinear",
+        padding_mode: str = "zeros",
+        align_corners: bool = False,
+        data_format: str = "NCDHW",
+    ):
+        size = None if size is None else validate.check_size(size, None)
+        validate.check_bspline_grid(spacing, origin)
+        super().__init__(mode, padding_mode, align_corners, data_format, "N3DHW")
+        self._size, self._spacing, self._origin = size, spacing, origin
+
+    @property
+    def size(self):
+        """The output's (Do, Ho, Wo), or None for the volume's."""
+        return self._size
+
+    def forward(self, volume: Tensor, control_points: Tensor, theta: Tensor | None = None) -> Tensor:
+        return _bspline_warp(
+            volume, control_points, self._size, self._spacing, self._origin, theta, self._options, "BSplineWarp3d"
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"size={self._size}, spacing={self._spacing}, origin={self._origin}, mode={self.mode!r}, "
+            f"padding_mode={self.padding_mode!r}, align_corners={self.align_corners}, data_format={self.data_format!r}"
+        )

@@ -1,5 +1,5 @@
-"""ONNX export: what ``grid_sample``, ``warp``, ``Warp3d``, ``integrate_velocity``, ``affine_warp`` and
-``AffineWarp3d`` become in a graph.
+"""ONNX export: what ``grid_sample``, ``warp``, ``Warp3d``, ``integrate_velocity``, ``affine_warp``,
+``AffineWarp3d``, ``bspline_warp`` and ``BSplineWarp3d`` become in a graph.
 
 ``torch.onnx.export(model, args, path, opset_version=20)`` works unchanged for a model built
 on this library, with the default (dynamo) exporter and with ``dynamo=False``. No ONNX
@@ -11,6 +11,7 @@ GridSample (opset 20, the first whose GridSample takes 5-D input):
     grid_sample(input, grid)      ->  GridSample(input, grid)
     warp(volume, displacement)    ->  GridSample(volume, normalised(identity + displacement))
     affine_warp(volume, theta)    ->  GridSample(volume, AffineGrid(theta, size) [+ normalised displacement])
+    bspline_warp(volume, control) ->  GridSample(volume, normalised(identity or AffineGrid + dense field))
 
 The identity grid is built from the traced sizes, so a model exported with dynamic batch
 and spatial sizes runs on other sizes. What ONNX cannot express is refused while the
@@ -30,10 +31,11 @@ from torch import Tensor
 
 from . import torch_hooks
 from .affine import explicit_grid_steps
+from .bspline import dense_displacement
 from .modes import Interpolation, Padding
 from .sampling import Field, FieldKind, Sampling
 
-__all__ = ["MIN_OPSET", "affine_warp", "exporting", "grid_sample", "sample", "warp"]
+__all__ = ["MIN_OPSET", "affine_warp", "bspline_warp", "exporting", "grid_sample", "sample", "warp"]
 
 MIN_OPSET = 20
 """The lowest opset the export takes: GridSample before opset 20 samples 4-D input only."""
@@ -82,6 +84,8 @@ def sample(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
         return grid_sample(volume, field.tensor, sampling)
     if field.kind == FieldKind.DISPLACEMENT:
         return warp(volume, field.tensor, sampling)
+    if field.kind.spline:
+        return bspline_warp(volume, field, sampling)
     return affine_warp(volume, field, sampling)
 
 
@@ -104,15 +108,22 @@ def warp(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
     ``g = 2 p / (S - 1) - 1``, where for S = 1 (index 0, whatever p) the divisor is 1.
     """
     _refuse_what_onnx_cannot_express(sampling.interpolation, "warp")
+    return _displaced(volume, displacement, sampling)
+
+
+def _displaced(volume: Tensor, displacement: Tensor, sampling: Sampling) -> Tensor:
+    """volume (N, C, D, H, W) at each output voxel's own index plus ``displacement`` (N, 3, Do, Ho, Wo), positions
+    normalised by the volume's sizes (see :func:`warp`)."""
     about_centres = sampling.padding == Padding.REFLECTION and sampling.align_corners
     coordinates = []  # z, y, x
     for axis in range(3):
-        size = displacement.shape[2 + axis]
-        index = torch.arange(size, dtype=displacement.dtype, device=displacement.device)
+        options = {"dtype": displacement.dtype, "device": displacement.device}
+        index = torch.arange(displacement.shape[2 + axis], **options)
         position = displacement[:, axis] + index.reshape((-1,) + (1,) * (2 - axis))
+        size = volume.shape[2 + axis]
         if about_centres:
             # S - 1 as the last index (a traced value, so that it follows a dynamic size), at least 1.
-            last = index[-1:].clamp(min=1).reshape(())
+            last = torch.arange(size, **options)[-1:].clamp(min=1).reshape(())
             coordinates.append(2 * position / last - 1)
         else:
             coordinates.append((2 * position + 1) / size - 1)
@@ -132,6 +143,20 @@ def affine_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
         grid = grid + explicit_grid_steps(field.tensor, tuple(volume.shape[2:]), sampling.align_corners)
     return F.grid_sample(
         volume, grid, sampling.interpolation.name.lower(), sampling.padding.name.lower(), sampling.align_corners
+    )
+
+
+def bspline_warp(volume: Tensor, field: Field, sampling: Sampling) -> Tensor:
+    """volume (N, C, D, H, W) at a B-spline field -> (N, C, Do, Ho, Wo): the dense field from the control points by
+    Gather, Mul and Where over the support tables of the traced sizes (:func:`.bspline.dense_displacement`), then
+    as :func:`warp` (own positions, normalised by the volume's sizes) or :func:`affine_warp` (with theta). The
+    tables are the traced output's and control grid's: the exported model keeps those sizes."""
+    _refuse_what_onnx_cannot_express(sampling.interpolation, "bspline_warp")
+    displacement = dense_displacement(field.tensor, field.out_sizes, field.parameters)
+    if field.theta is None:
+        return _displaced(volume, displacement, sampling)
+    return affine_warp(
+        volume, Field(FieldKind.AFFINE_DISPLACEMENT, displacement, field.theta, field.out_sizes), sampling
     )
 
 

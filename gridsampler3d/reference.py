@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .affine import theta_gradient, voxel_matrix
+from .bspline import dense_displacement, tables
 from .modes import Interpolation, Padding
 from .sampling import FieldKind, Gradients, Outputs, Sampling
 
@@ -345,12 +346,20 @@ def positions(field, kind: FieldKind, in_sizes, align_corners: bool):
     A grid's normalised coordinates as they are; a displacement's voxel positions
     (:func:`warp_positions`); an affine field's, ``field`` = (theta (N, 3, 4), output size
     (Do, Ho, Wo)) or (theta, displacement): ``M @ (w, h, d, 1)`` (:func:`.affine.voxel_matrix`),
-    plus the displacement's (dx, dy, dz).
+    plus the displacement's (dx, dy, dz); a B-spline field's, ``field`` = (control points
+    (N, 3, Kd, Kh, Kw), output size, parameters, theta or None): the own or affine position
+    plus the dense field (:func:`.bspline.dense_displacement`).
     """
     if kind == FieldKind.GRID:
         return field
     if kind == FieldKind.DISPLACEMENT:
         return warp_positions(field)
+    if kind.spline:
+        control_points, out_sizes, parameters, theta = field
+        displacement = dense_displacement(np.asarray(control_points, dtype=np.float64), out_sizes, parameters)
+        if theta is None:
+            return warp_positions(displacement)
+        return positions((theta, displacement), FieldKind.AFFINE_DISPLACEMENT, in_sizes, align_corners)
     theta, rest = field
     out_sizes = tuple(rest) if kind == FieldKind.AFFINE else rest.shape[2:]
     matrix = voxel_matrix(np.asarray(theta, dtype=np.float64), in_sizes, out_sizes, align_corners)
@@ -373,14 +382,19 @@ def _field_gradients(dpositions, field, kind: FieldKind, in_sizes, align_corners
     """(the gradient of the field's tensor, theta's) from d loss / d position (N, Do, Ho, Wo, 3).
 
     A grid's is ``dpositions``; a displacement's (d position / d displacement is 1) its
-    components reordered to (dz, dy, dx), (N, 3, Do, Ho, Wo); theta's the chain rule through
-    :func:`.affine.voxel_matrix`, summed in float64 (:func:`.affine.theta_gradient`).
+    components reordered to (dz, dy, dx), (N, 3, Do, Ho, Wo); a B-spline's the sum over the
+    points of each control point's weight times theirs (:func:`_control_gradient`); theta's
+    the chain rule through :func:`.affine.voxel_matrix`, summed in float64
+    (:func:`.affine.theta_gradient`).
     """
     dfield = dtheta = None
     if outputs.dfield and kind == FieldKind.GRID:
         dfield = dpositions
     elif outputs.dfield and kind.displaced:
         dfield = np.ascontiguousarray(dpositions[..., ::-1].transpose(0, 4, 1, 2, 3))
+    elif outputs.dfield and kind.spline:
+        control_points, out_sizes, parameters, _ = field
+        dfield = _control_gradient(dpositions[..., ::-1].transpose(0, 4, 1, 2, 3), control_points.shape, parameters)
     if outputs.dtheta and kind.affine:
         out_sizes = dpositions.shape[1:4]
         zz, yy, xx = np.meshgrid(*[np.arange(size, dtype=np.float64) for size in out_sizes], indexing="ij")
@@ -388,6 +402,35 @@ def _field_gradients(dpositions, field, kind: FieldKind, in_sizes, align_corners
         matrix_grad = np.einsum("npi,pj->nij", dpositions.reshape(dpositions.shape[0], -1, 3), homogeneous)
         dtheta = theta_gradient(matrix_grad, in_sizes, out_sizes, align_corners)
     return dfield, dtheta
+
+
+def _control_gradient(ddisplacement, control_shape, parameters):
+    """dC (N, 3, Kd, Kh, Kw): each control point's weight times d loss / d displacement (N, 3, Do, Ho, Wo), summed
+    over the points whose support holds it (:func:`.bspline.tables`), one einsum per support step."""
+    out_sizes = ddisplacement.shape[2:]
+    depth, height, width = tables(out_sizes, control_shape[2:], parameters)
+    gradient = np.zeros(control_shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for md in range(4):
+            for mh in range(4):
+                for mw in range(4):
+                    weight = np.einsum(
+                        "d,h,w->dhw",
+                        np.where(depth.valid[:, md], depth.weight[:, md], 0.0),
+                        np.where(height.valid[:, mh], height.weight[:, mh], 0.0),
+                        np.where(width.valid[:, mw], width.weight[:, mw], 0.0),
+                    )
+                    inside = (
+                        depth.valid[:, md, None, None]
+                        & height.valid[None, :, mh, None]
+                        & width.valid[None, None, :, mw]
+                    )
+                    terms = np.where(inside, weight * ddisplacement, 0.0)
+                    index = np.ix_(depth.index[:, md], height.index[:, mh], width.index[:, mw])
+                    for n in range(control_shape[0]):
+                        for k in range(3):
+                            np.add.at(gradient[n, k], index, terms[n, k])
+    return gradient
 
 
 def sample(x, field, kind: FieldKind, sampling: Sampling):

@@ -19,6 +19,12 @@ The field kinds and the layout each engine sees (logical NCDHW order, any stride
     AFFINE               theta (N, 3, 4), size       ``F.affine_grid``'s theta; the output's (Do, Ho, Wo)
     AFFINE_DISPLACEMENT  theta, tensor (N, 3, Do, Ho, Wo)   the affine's position plus a displacement in
                                                      input voxels
+    BSPLINE              tensor (N, 3, Kd, Kh, Kw), size   control points of a cubic B-spline displacement
+                                                     (dz, dy, dx) in input voxels from the output point's
+                                                     own position; ``parameters``: the control grid's
+                                                     spacing and origin (:mod:`.bspline`)
+    BSPLINE_AFFINE       theta, tensor (N, 3, Kd, Kh, Kw), size   the affine's position plus the B-spline's
+                                                     displacement
 
 An affine field samples output voxel (w, h, d) at the input voxel position
 ``M @ (w, h, d, 1)``, where ``M`` (:func:`.affine.voxel_matrix`) is theta in voxel terms
@@ -48,17 +54,21 @@ class FieldKind(enum.IntEnum):
     DISPLACEMENT = 1  # voxels from each output point's own position, (N, 3, Do, Ho, Wo) as (dz, dy, dx)
     AFFINE = 2  # an affine theta (N, 3, 4), as F.affine_grid takes it
     AFFINE_DISPLACEMENT = 3  # an affine theta, plus a displacement in voxels from its position
+    BSPLINE = 4  # a cubic B-spline displacement's control points, (N, 3, Kd, Kh, Kw) as (dz, dy, dx)
+    BSPLINE_AFFINE = 5  # an affine theta, plus a B-spline displacement from its position
 
     # Each member's facts, set below as plain attributes (read on every call, by every layer):
     in_voxels: bool  # the positions are voxel indices (slope 1) rather than normalised coordinates
     affine: bool  # the field has an affine theta
     displaced: bool  # the field's tensor is a displacement (N, 3, Do, Ho, Wo)
+    spline: bool  # the field's tensor is a B-spline's control points (N, 3, Kd, Kh, Kw)
 
 
 for _kind in FieldKind:
     _kind.in_voxels = _kind != FieldKind.GRID
-    _kind.affine = _kind in (FieldKind.AFFINE, FieldKind.AFFINE_DISPLACEMENT)
+    _kind.affine = _kind in (FieldKind.AFFINE, FieldKind.AFFINE_DISPLACEMENT, FieldKind.BSPLINE_AFFINE)
     _kind.displaced = _kind in (FieldKind.DISPLACEMENT, FieldKind.AFFINE_DISPLACEMENT)
+    _kind.spline = _kind in (FieldKind.BSPLINE, FieldKind.BSPLINE_AFFINE)
 del _kind
 
 
@@ -107,13 +117,14 @@ class Field:
     """The positions a call samples at: their kind, the tensors that hold them, in the engines' layout, and the
     output's sizes.
 
-    ``tensor`` is a logical view (any strides, nothing copied): a grid (N, Do, Ho, Wo, 3) or a
-    displacement (N, 3, Do, Ho, Wo) (see the module's table), None for an affine field
-    without a displacement. The engines read it through :meth:`point_strides` and write its
-    gradient in :meth:`gradient_format`. ``theta`` (N, 3, 4) is an affine field's.
-    ``out_sizes`` is the output's (Do, Ho, Wo), ``parameters`` the numbers a kind of field
-    may carry beside its tensors (none of today's kinds has any): together with ``kind``
-    they are what the custom ops take besides the tensors (:mod:`.autograd`).
+    ``tensor`` is a logical view (any strides, nothing copied): a grid (N, Do, Ho, Wo, 3), a
+    displacement (N, 3, Do, Ho, Wo) or a B-spline's control points (N, 3, Kd, Kh, Kw) (see
+    the module's table), None for an affine field without a displacement. The engines read
+    it through :meth:`point_strides` and write its gradient in :meth:`gradient_format`.
+    ``theta`` (N, 3, 4) is an affine field's. ``out_sizes`` is the output's (Do, Ho, Wo),
+    ``parameters`` the numbers a kind of field carries beside its tensors (a B-spline's
+    spacing and origin per axis, :func:`.bspline.grid_of`; no other kind has any): together
+    with ``kind`` they are what the custom ops take besides the tensors (:mod:`.autograd`).
 
     ``derived`` keeps what the engines derive from the record's tensors (an affine field's
     voxel matrix, whether theta is finite), so that a forward and its backward, which share
@@ -143,6 +154,13 @@ class Field:
         (N, 3, Do, Ho, Wo) added to the affine's position."""
         kind = FieldKind.AFFINE if displacement is None else FieldKind.AFFINE_DISPLACEMENT
         return cls(kind, displacement, theta, tuple(size))
+
+    @classmethod
+    def bspline(cls, control_points: torch.Tensor, size, parameters, theta: torch.Tensor | None = None) -> Field:
+        """A B-spline field: ``control_points`` (N, 3, Kd, Kh, Kw), output ``size`` (Do, Ho, Wo), ``parameters``
+        (:func:`.bspline.grid_of`), and an optional ``theta`` (N, 3, 4) whose position the B-spline displaces."""
+        kind = FieldKind.BSPLINE if theta is None else FieldKind.BSPLINE_AFFINE
+        return cls(kind, control_points, theta, tuple(size), tuple(parameters))
 
     @property
     def batch(self) -> int:

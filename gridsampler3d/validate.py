@@ -19,6 +19,8 @@ from .sampling import FieldKind
 __all__ = [
     "as_tensor",
     "check_backend",
+    "check_bspline_grid",
+    "check_control_points",
     "check_deterministic",
     "check_displacement",
     "check_grad",
@@ -146,6 +148,47 @@ def check_displacement(
         )
 
 
+def check_control_points(control_points: torch.Tensor, batch: int) -> None:
+    """A B-spline's control points are (N, 3, Kd, Kh, Kw), (dz, dy, dx), with the volume's N and at least
+    :data:`.bspline.MIN_CONTROL_POINTS` points along each axis."""
+    from .bspline import MIN_CONTROL_POINTS
+
+    shape = tuple(control_points.shape)
+    if control_points.ndim != 5:
+        _check_5d(control_points, "control_points", "(N, 3, Kd, Kh, Kw)")
+    if shape[1] != 3:
+        raise ValueError(f"control_points' dimension 1 must be 3 (dz, dy, dx); got shape {shape}")
+    if shape[0] != batch:
+        raise ValueError(f"control_points' batch size N must equal volume's ({batch}); got {shape[0]}")
+    if min(shape[2:]) < MIN_CONTROL_POINTS:
+        raise ValueError(
+            f"control_points need at least {MIN_CONTROL_POINTS} points along each axis (Kd, Kh, Kw) for a cubic "
+            f"B-spline; got {shape[2:]}"
+        )
+
+
+def check_bspline_grid(spacing, origin) -> None:
+    """A B-spline's ``spacing`` and ``origin`` are each None, a real number, or three (d, h, w); the spacing
+    positive and finite, the origin finite (in output voxels)."""
+    for name, value in (("spacing", spacing), ("origin", origin)):
+        if value is None:
+            continue
+        values = [value] if _is_real(value) else value
+        if not _is_real(value) and (
+            not isinstance(value, (list, tuple)) or len(value) != 3 or not all(map(_is_real, value))
+        ):
+            raise TypeError(f"{name} must be a number or three (d, h, w), in output voxels; got {value!r}")
+        floats = [float(entry) for entry in values]
+        if not all(np.isfinite(floats)):
+            raise ValueError(f"{name} must be finite; got {value!r}")
+        if name == "spacing" and min(floats) <= 0:
+            raise ValueError(f"spacing must be positive; got {value!r}")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_theta(theta: torch.Tensor, batch: int) -> None:
     """theta is (N, 3, 4) with the volume's N, as ``F.affine_grid`` takes it."""
     if tuple(theta.shape) != (batch, 3, 4):
@@ -266,13 +309,21 @@ def check_velocity(velocity, displacement_format: DisplacementFormat) -> torch.T
     return velocity
 
 
-_FIELD_KINDS = {"grid": FieldKind.GRID, "displacement": FieldKind.DISPLACEMENT, "affine": FieldKind.AFFINE}
+_FIELD_KINDS = {
+    "grid": FieldKind.GRID,
+    "displacement": FieldKind.DISPLACEMENT,
+    "affine": FieldKind.AFFINE,
+    "bspline": FieldKind.BSPLINE,
+}
 
 
 def check_field_kind(value) -> FieldKind:
-    """``explain``'s ``field_kind``: "grid", "displacement" or "affine" (or a :class:`.sampling.FieldKind`) ->
-    FieldKind ("affine" covers the affine field with a displacement too)."""
+    """``explain``'s ``field_kind``: "grid", "displacement", "affine" or "bspline" (or a
+    :class:`.sampling.FieldKind`) -> FieldKind ("affine" covers the affine field with a displacement too, "bspline"
+    the B-spline with a theta)."""
     if isinstance(value, FieldKind):
+        if value.spline:
+            return FieldKind.BSPLINE
         return FieldKind.AFFINE if value.affine else value
     if not isinstance(value, str) or value.strip().lower() not in _FIELD_KINDS:
         raise ValueError(f"field_kind must be one of {', '.join(map(repr, _FIELD_KINDS))}; got {value!r}")

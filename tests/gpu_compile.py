@@ -7,7 +7,8 @@ remainder is computed). This compiles each kernel in its main configurations thr
 Triton's real pipeline, down to a cubin, specialised exactly as a launch specialises it:
 the arguments are the records the engine builds (gridsampler3d/gpu/launch.py) from tensors
 of realistic shapes (meta tensors, so only their strides: a 128^3 volume with 16 channels,
-NCDHW or channels-last, a grid or a displacement in either layout), with a mock tensor of
+NCDHW or channels-last, a grid or a displacement in either layout, an affine field, a B-spline's
+row coefficients), with a mock tensor of
 the operand's dtype as each pointer, and Triton's own launcher code binds them: an integer
 equal to 1 becomes a constant, pointers and multiples of 16 carry the divisibility hint,
 and float64 compiles without FP fusion where the engine launches it so. It also watches
@@ -51,16 +52,18 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, code_generator, make_backend  # noqa: E402
 from triton.runtime.jit import MockTensor, create_function_from_signature  # noqa: E402
 
+from gridsampler3d.bspline import grid_of  # noqa: E402
 from gridsampler3d.gpu import backward, bicubic, forward  # noqa: E402
 from gridsampler3d.gpu.launch import (
     field_operand,
     fusion,
     kernel_rule,
+    row_windows,
     sizes_of,  # noqa: E402
     volume_operand,
 )
 from gridsampler3d.gpu.planner import Tile  # noqa: E402
-from gridsampler3d.gpu.records import RowMoments, SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
+from gridsampler3d.gpu.records import RowPartials, SortedRecords, VolumeStrides, constexpr_members  # noqa: E402
 from gridsampler3d.layout import memory_format_of  # noqa: E402
 from gridsampler3d.modes import Interpolation, Padding  # noqa: E402
 from gridsampler3d.sampling import Field, Outputs, Sampling  # noqa: E402
@@ -85,6 +88,8 @@ ZEROS, BORDER, REFLECTION = Padding.ZEROS, Padding.BORDER, Padding.REFLECTION
 SECOND_CHUNK = (1 << 20, 1 << 21)
 # Chunks of long buckets in a deterministic trilinear dx (border padding piles points into corner cells).
 LONG_BUCKET_CHUNKS = 4096
+# A B-spline's control grid on a 128^3 output: a control point every 6.5 voxels, from one spacing before voxel 0.
+CONTROL_SIZES = (23, 23, 23)
 
 
 class Call(NamedTuple):
@@ -111,14 +116,19 @@ class Call(NamedTuple):
 def make_call(layout: str | None) -> Call:
     """A 128^3 volume with 16 channels sampled at a 128^3 grid, x in ``layout`` ("NCDHW" or "NDHWC"; with
     " warp N3DHW" or " warp NDHW3": the fused warp, at a displacement in that layout; with " affine": an affine field,
-    " affine N3DHW" with a displacement); or, ``layout`` None, one with sizes of 1 (one channel, one voxel deep, a
-    one-point-wide output)."""
+    " affine N3DHW" with a displacement; with " bspline": a B-spline, " bspline affine" with a theta); or,
+    ``layout`` None, one with sizes of 1 (one channel, one voxel deep, a one-point-wide output)."""
     if layout is None:
         x = torch.empty(2, 1, 1, 5, 7, device="meta")
         return Call(x, Field.grid(torch.empty(2, 3, 6, 1, 3, device="meta")))
     batch, channels, side = 1, 16, 128
     memory_format = torch.channels_last_3d if layout.startswith("NDHWC") else torch.contiguous_format
     x = torch.empty(batch, channels, side, side, side, device="meta", memory_format=memory_format)
+    if " bspline" in layout:
+        control_points = torch.empty(batch, 3, *CONTROL_SIZES, device="meta")
+        theta = torch.empty(batch, 3, 4, device="meta") if layout.endswith("affine") else None
+        out_sizes = (side, side, side)
+        return Call(x, Field.bspline(control_points, out_sizes, grid_of(out_sizes, CONTROL_SIZES), theta))
     if " affine" in layout:
         theta = torch.empty(batch, 3, 4, device="meta")
         displacement = torch.empty(batch, 3, side, side, side, device="meta") if layout.endswith("N3DHW") else None
@@ -143,11 +153,20 @@ def volume(tensor, dtype: str):
 
 def points(field: Field, dtype: str, tensor=None):
     """``launch.field_operand`` of a meta field (or of ``tensor``, its gradient), with a pointer of ``dtype`` (of
-    float64 for an affine field's matrix, and its data where the field has no tensor)."""
+    float64 for an affine field's matrix, and its data where the field has no tensor; for a B-spline's row
+    coefficients and control grid)."""
+    if field.kind.spline:
+        matrix = torch.empty(1, 12, device="meta") if field.kind.affine else None
+        wide = pointer("fp64")
+        return field_operand(field, matrix)._replace(data=wide, matrix=wide, columns=wide)
     if not field.kind.affine:
-        return field_operand(field, None, tensor)._replace(data=pointer(dtype), matrix=pointer(dtype))
+        stand_in = pointer(dtype)
+        return field_operand(field, None, tensor)._replace(data=stand_in, matrix=stand_in, columns=stand_in)
     data = pointer("fp64") if field.tensor is None else pointer(dtype)
-    return field_operand(field, torch.empty(1, 12, device="meta"), tensor)._replace(data=data, matrix=pointer("fp64"))
+    wide = pointer("fp64")
+    return field_operand(field, torch.empty(1, 12, device="meta"), tensor)._replace(
+        data=data, matrix=wide, columns=wide
+    )
 
 
 def case(label, kernel, args, constexprs, tile: Tile, fused: str | None = None):
@@ -167,17 +186,22 @@ def patch_forward(label, layout, dtype, sampling: Sampling, tile: Tile):
 
 
 def walk_args(call: Call, dtype, outputs: Outputs, dx_dtype):
-    """The backward walk's operands (engine._backward_walk): an output not written is handed over as x or the field."""
+    """The backward walk's operands (engine._backward_walk): an output not written is handed over as x or the field
+    (a B-spline's gradient is written as row partials)."""
     dx = volume(call.x, dx_dtype) if outputs.dx else volume(call.x, dtype)
-    dfield = points(call.field, dtype, call.field_gradient()) if outputs.dfield else points(call.field, dtype)
+    written = outputs.dfield and not call.field.kind.spline
+    dfield = points(call.field, dtype, call.field_gradient()) if written else points(call.field, dtype)
     return volume(call.y(), dtype), volume(call.x, dtype), points(call.field, dtype), dx, dfield
 
 
-def moments(call: Call, outputs: Outputs, dtype: str, tile: Tile) -> RowMoments:
-    """The walk's :class:`RowMoments`: float64 partials of an affine field's theta gradient, else x as a stand-in."""
-    if not outputs.dtheta:
-        return RowMoments(pointer(dtype), 1)
-    return RowMoments(pointer("fp64"), -(-call.field.out_sizes[2] // tile.block_w))
+def partials(call: Call, outputs: Outputs, dtype: str, tile: Tile) -> RowPartials:
+    """The walk's :class:`RowPartials` (engine._row_partials): float64 partials of an affine field's theta gradient
+    and of a B-spline's row sums where written, x as a stand-in else."""
+    blocks = -(-call.field.out_sizes[2] // tile.block_w)
+    moments = pointer("fp64") if outputs.dtheta else pointer(dtype)
+    if not (outputs.dfield and call.field.kind.spline):
+        return RowPartials(moments, pointer(dtype), pointer(dtype), blocks, 1)
+    return RowPartials(moments, pointer("fp64"), pointer("i64"), blocks, row_windows(call.field, tile.block_w)[1])
 
 
 def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs: Outputs, dx_dtype="fp32"):
@@ -185,7 +209,7 @@ def patch_backward(label, layout, dtype, sampling: Sampling, tile: Tile, outputs
     call = make_call(layout)
     args = (
         *walk_args(call, dtype, outputs, dx_dtype),
-        moments(call, outputs, dtype, tile),
+        partials(call, outputs, dtype, tile),
         sizes_of(call.x, call.field),
     )
     constexprs = dict(
@@ -282,7 +306,7 @@ def tricubic_backward(
     call = make_call(layout)
     args = (
         *walk_args(call, dtype, outputs, dtype),
-        moments(call, outputs, dtype, tile),
+        partials(call, outputs, dtype, tile),
         call.field.points,
         sizes_of(call.x, call.field),
     )
@@ -421,6 +445,56 @@ def _affine_kernels():
     ]
 
 
+def _bspline_kernels():
+    """The B-spline's configurations, alone and with a theta: every kernel that reads positions, the walks writing
+    row sums (and theta's moments) in both layouts and in float64."""
+    alone, affine = "NCDHW bspline", "NDHWC bspline affine"
+    trilinear = Sampling(BILINEAR, BORDER, False)
+    tricubic = Sampling(BICUBIC, ZEROS, False)
+    return [
+        patch_forward(
+            "bspline forward bilinear fp32, reflection", alone, "fp32", Sampling(BILINEAR, REFLECTION, True), Tile(128)
+        ),
+        patch_forward(
+            "bspline+affine forward nearest bf16 NDHWC", affine, "bf16", Sampling(NEAREST, ZEROS, False), Tile(32, 16)
+        ),
+        patch_backward("bspline backward fp32", alone, "fp32", trilinear, Tile(128), Outputs(True, True)),
+        patch_backward(
+            "bspline+affine backward fp16 NDHWC", affine, "fp16", trilinear, Tile(16, 16), Outputs(True, True, True)
+        ),
+        patch_backward(
+            "bspline backward fp64 dcontrol, reflection",
+            alone,
+            "fp64",
+            Sampling(BILINEAR, REFLECTION, True),
+            Tile(128),
+            Outputs(False, True),
+        ),
+        patch_backward(
+            "bspline backward nearest fp32",
+            alone,
+            "fp32",
+            Sampling(NEAREST, BORDER, False),
+            Tile(128),
+            Outputs(True, False),
+        ),
+        bucket_keys("bspline bucket keys", alone, "fp32", trilinear),
+        sorted_records("bspline+affine sorted records", affine, "fp32", trilinear),
+        tricubic_forward("bspline bicubic forward fp32", alone, "fp32", tricubic, Tile(128)),
+        tricubic_backward(
+            "bspline+affine bicubic backward fp32 NDHWC",
+            affine,
+            "fp32",
+            tricubic,
+            Tile(16, 16),
+            F32,
+            Outputs(True, True, True),
+        ),
+        tricubic_keys("bspline bicubic tap keys", alone, "fp32", Sampling(BICUBIC, BORDER, False)),
+        tricubic_gather("bspline bicubic dx gather fp32", alone, "fp32", tricubic, Tile(128)),
+    ]
+
+
 CASES = [
     *_row_kernels(),
     patch_forward(
@@ -459,6 +533,7 @@ CASES = [
     tricubic_gather("bicubic dx gather fp32 NDHWC", "NDHWC", "fp32", Sampling(BICUBIC, ZEROS, False), Tile(64, 16)),
     *_warp_kernels(),
     *_affine_kernels(),
+    *_bspline_kernels(),
 ]
 
 

@@ -19,6 +19,8 @@ import numpy as np
 from ..sampling import FieldKind, Sampling
 from .block import (
     borrow,
+    is_affine,
+    is_spline,
     masked_offsets,
     nearest_cells,
     row_origin,
@@ -32,7 +34,7 @@ from .block import (
     unsigned,
 )
 from .compile_report import label
-from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, ZEROS
+from .coords import AFFINE, GRID, NEAREST, ZEROS
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows, zero_elements
 from .records import (
     ALL_TAPS,
@@ -47,6 +49,7 @@ from .records import (
     Rule,
     kernel_rule,
 )
+from .spline import add_run_sums, coefficient_entries, columns_at, fill_row, fold_row
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -59,7 +62,8 @@ class _Scratch(NamedTuple):
     the grid gradient's sums (1 per point); ``terms`` one point's 3 terms per channel;
     ``offsets`` the taps' offsets in x (8 per point); ``taps`` the taps in the part's
     slab (1 per point); ``zeroed`` the run of dx planes zeroed so far (2 entries, see
-    :func:`zero_reached`).
+    :func:`zero_reached`); ``coefficients`` and ``row_sums`` a B-spline's row coefficients
+    and the row's sums of the gradient (:mod:`.spline`).
     """
 
     cells: Cells
@@ -72,11 +76,14 @@ class _Scratch(NamedTuple):
     offsets: np.ndarray
     taps: np.ndarray
     zeroed: np.ndarray
+    coefficients: np.ndarray
+    row_sums: np.ndarray
 
 
-def _scratch(parts: int, operands, geometry, *rest):
-    """(:class:`_Scratch`,): a backward pass's scratch, one row per part."""
+def _scratch(parts: int, operands, geometry, *rest, spline: bool = False):
+    """(:class:`_Scratch`,): a backward pass's scratch, one row per part; ``spline``: the field is a B-spline's."""
     reals = [part_rows(parts, entries * BLOCK) for entries in (8, 12, 1, 1, 1)]
+    row = coefficient_entries(operands[5]) if spline else 0  # operands' matrix: the field's constants
     return (
         _Scratch(
             scratch_cells(parts, multipliers=True),
@@ -85,6 +92,8 @@ def _scratch(parts: int, operands, geometry, *rest):
             part_rows(parts, 8 * BLOCK, np.int64),
             part_rows(parts, BLOCK, np.int64),
             part_rows(parts, 2, np.int64),
+            part_rows(parts, row),
+            part_rows(parts, row),
         ),
     )
 
@@ -116,6 +125,8 @@ def _part_scratch(scratch, part):
         borrowed(scratch.offsets)[part],
         borrowed(scratch.taps)[part],
         borrowed(scratch.zeroed)[part],
+        borrowed(scratch.coefficients)[part],
+        borrowed(scratch.row_sums)[part],
     )
 
 
@@ -270,6 +281,7 @@ def backward_kernel(
         sampling, field, forward=False, exact_remainder=exact_remainder
     )
     nearest = interpolation == NEAREST
+    spline = field.spline
 
     @part_kernel
     def kernel(operands, geometry, parts, rows, outputs, carry, unresolved_operand, scratch, part):
@@ -295,6 +307,20 @@ def backward_kernel(
         for row in range(parts[part, 2], parts[part, 3]):
             at = _row_place(ops, geometry, field_code, row, planes, ranges, outputs, 1 if nearest else 2)
             n, do_dx = at.n, at.do_dx
+            if spline and (do_dx or at.do_dfield):  # the row's coefficients; its sums from zero
+                grid = ops.grid
+                plane = n * grid.strides[0] + at.d * grid.strides[1] - 2 * grid.strides[4]
+                fill_row(
+                    grid.data,
+                    plane,
+                    grid.strides[2],
+                    grid.strides[3],
+                    grid.strides[4],
+                    ops.matrix,
+                    at.h,
+                    work.coefficients,
+                )
+                work.row_sums[:] = 0.0
             for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
                 points = Points(
                     at.field_at + start * ops.grid.strides[3],
@@ -315,13 +341,27 @@ def backward_kernel(
                 )
                 # Each choice below is made by the kernel's constants, so that each kernel
                 # compiles only its own path (docs/cpu.md, "Compilation").
+                # The field's values: a B-spline's row coefficients (by the kernel's constant: one array type).
+                if spline:
+                    values = work.coefficients
+                else:
+                    values = ops.grid.data
                 if nearest:
-                    if not _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
+                    if not _nearest_block(ops, values, geometry, rule, points, origin, place, do_dx, work):
                         unresolved[part] = 1
                         return
                     continue
                 if trilinear_cells(
-                    ops.grid.data, points, geometry.sizes, rule, origin, x_spatial, dx_spatial, work.cells, True
+                    values,
+                    ops.matrix,
+                    points,
+                    geometry.sizes,
+                    rule,
+                    origin,
+                    x_spatial,
+                    dx_spatial,
+                    work.cells,
+                    True,
                 ):
                     unresolved[part] = 1
                     return
@@ -369,20 +409,34 @@ def backward_kernel(
                             work.pairs,
                             sums,
                         )
-                    _store_sums(points.count, ops, geometry, rule, place, carried, work.cells, sums)
+                    _store_sums(points.count, ops, geometry, rule, place, carried, work, sums)
                 if do_dx and channels_last:
                     _channels_last_scatter(ops, geometry.channels, points.count, place, work)
                 elif do_dx:
                     _scatter(
                         points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels, work
                     )
+            if spline and at.do_dfield and (carried.mode == CarryMode.WHOLE or carried.mode == CarryMode.LAST):
+                # The row's sums into its (n, d) plane's, along h: the rows of a plane are one part's, in order.
+                dgrid = ops.dgrid
+                plane = n * dgrid.strides[0] + at.d * dgrid.strides[1] - 2 * dgrid.strides[4]
+                fold_row(
+                    dgrid.data,
+                    plane,
+                    dgrid.strides[2],
+                    dgrid.strides[3],
+                    dgrid.strides[4],
+                    ops.matrix,
+                    at.h,
+                    work.row_sums,
+                )
         if outputs.dx:  # the planes no point reached
             zero_reached(
                 ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0], planes[1]
             )
 
     label(kernel, "backward", sampling, field, channels_last, exact_remainder)
-    return Parallel(kernel, _scratch)
+    return Parallel(kernel, functools.partial(_scratch, spline=spline))
 
 
 @helper
@@ -408,12 +462,13 @@ def _row_place(ops, geometry, field, row, planes, ranges, outputs, reach):
 
 
 @helper
-def _nearest_block(ops, geometry, rule, points, origin, place, do_dx, work):
-    """One block of nearest: its points' voxels, and their grad added into dx; False where unresolved."""
+def _nearest_block(ops, values, geometry, rule, points, origin, place, do_dx, work):
+    """One block of nearest: its points' voxels, and their grad added into dx; False where unresolved; ``values``
+    the field's (:func:`.block.field_coordinates`)."""
     n, z_lo, z_hi = place.n, place.z_lo, place.z_hi
     cells = work.cells
     dx_spatial = (ops.dx.strides[2], ops.dx.strides[3], ops.dx.strides[4])
-    if nearest_cells(ops.grid.data, points, geometry.sizes, rule, origin, dx_spatial, cells):
+    if nearest_cells(values, ops.matrix, points, geometry.sizes, rule, origin, dx_spatial, cells):
         return False
     if do_dx:
         slab_taps(points.count, cells.inside, cells.lowest, z_lo, z_hi, work.taps)
@@ -521,14 +576,15 @@ def _start_sums(count, carry, at, sums):
 
 
 @helper
-def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
+def _store_sums(count, ops, geometry, rule, place, carry, work, sums):
     """A block's sums into the carry (where channels after these follow) or, times their multipliers, into dgrid
-    (and an affine field's into its moments, :func:`_add_moments`).
+    (and an affine field's into its moments, :func:`_add_moments`; a B-spline's into its row sums,
+    :func:`_add_spline_sums`).
 
     With zeros padding the multipliers are the constant slopes (:func:`.coords.source_index`).
     """
     grad_x, grad_y, grad_z = sums
-    dgrid = ops.dgrid
+    dgrid, cells = ops.dgrid, work.cells
     if carry.mode == CarryMode.FIRST or carry.mode == CarryMode.MIDDLE:
         at, points = place.carry_at, carry.sums.size // 3
         for i in range(count):
@@ -544,11 +600,15 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
         (1.0, 1.0, 1.0) if rule.field != GRID else ((width - unit) * 0.5, (height - unit) * 0.5, (depth - unit) * 0.5)
     )
     zeros = rule.padding == ZEROS
-    if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
+    if is_affine(rule.field):
         if ops.moments.size:
             _add_moments(count, ops.moments, place, zeros, cells, sums)
         if rule.field == AFFINE or not dgrid.data.size:
             return
+    if is_spline(rule.field):
+        if dgrid.data.size:
+            _add_spline_sums(count, ops, place, zeros, work, sums)
+        return
     at, step, component = place.dfield_at, dgrid.strides[3], dgrid.strides[4]
     if rule.field != GRID and step == 1:
         # A displacement's components are three contiguous rows: stored through views,
@@ -568,6 +628,23 @@ def _store_sums(count, ops, geometry, rule, place, carry, cells, sums):
         dgrid.data[point] = (slope_x if zeros else cells.mx[i]) * grad_x[i]
         dgrid.data[point + component] = (slope_y if zeros else cells.my[i]) * grad_y[i]
         dgrid.data[point + 2 * component] = (slope_z if zeros else cells.mz[i]) * grad_z[i]
+
+
+@helper
+def _add_spline_sums(count, ops, place, zeros, work, sums):
+    """A B-spline's row sums (``work.row_sums``, laid out as its row coefficients) gain this block's points, in
+    order: each point's gradient with respect to its position ``g`` (as :func:`_add_moments` takes it) times its
+    column's support weights (:func:`.spline.add_run_sums`)."""
+    grad_x, grad_y, grad_z = sums
+    cells = work.cells
+    if not zeros:  # the multipliers, in place: the sums are not read again
+        for i in range(count):
+            grad_x[i] *= cells.mx[i]
+        for i in range(count):
+            grad_y[i] *= cells.my[i]
+        for i in range(count):
+            grad_z[i] *= cells.mz[i]
+    add_run_sums(work.row_sums, columns_at(ops.matrix), place.start, count, grad_x, grad_y, grad_z)
 
 
 @helper

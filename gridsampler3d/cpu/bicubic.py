@@ -9,7 +9,8 @@ y, then z, PyTorch's 2-D order), so float64 results equal the reference bit for 
 
 For a displacement (the fused warp) the "grid" is the displacement in voxels with strides
 given as (n, d, h, w, -component), as for the trilinear kernels (:mod:`.forward`), and
-the point's index is its identity position plus the displacement, slope 1.
+the point's index is its identity position plus the displacement, slope 1. A B-spline's
+"grid" is its row coefficients, its "dgrid" its row sums (:mod:`.spline`).
 
 Each kernel is a part kernel run by :class:`.jit.Parallel`, with these operands: each
 tensor as an (array, strides) pair (:func:`.engine.operand`), ``geometry`` = (N, C, (D,
@@ -22,37 +23,67 @@ voxel sums in point order, deterministic and independent of the number of parts.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from ..sampling import FieldKind
 from .backward import zero_planes
-from .block import point_origin, row_origin, row_position
+from .block import is_spline, point_origin, row_origin, row_position
 from .coords import AFFINE, GRID, cubic_slope, cubic_weight, pad_tap, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel, part_rows
 from .records import Operand, Rule
+from .spline import add_row_sums, coefficient_entries, columns_at, fill_row, fold_row, spline_displacement
 
 __all__ = ["dgrid", "dx", "forward"]
 
 
-def _scratch(parts: int, *operands):
-    """(taps, offsets, weights, slopes) for every part (see :func:`.jit.part_kernel`), one row per part.
+def _scratch(parts: int, *operands, matrix_at: int, rule_at: int):
+    """(taps, offsets, weights, slopes, coefficients, row sums) for every part (see :func:`.jit.part_kernel`), one row
+    per part; ``matrix_at`` and ``rule_at``: where the kernel's operands hold the field's constants and the rule.
 
-    taps, weights and slopes: 4 per axis, x, y, z (``4 * axis + step``); offsets: 64, one per tap.
+    taps, weights and slopes: 4 per axis, x, y, z (``4 * axis + step``); offsets: 64, one per
+    tap; a B-spline's row coefficients and row sums (:mod:`.spline`).
     """
+    row = coefficient_entries(operands[matrix_at]) if FieldKind(operands[rule_at][3]).spline else 0
     return (
-        (part_rows(parts, 12, np.int64), part_rows(parts, 64, np.int64), part_rows(parts, 12), part_rows(parts, 12)),
+        (
+            part_rows(parts, 12, np.int64),
+            part_rows(parts, 64, np.int64),
+            part_rows(parts, 12),
+            part_rows(parts, 12),
+            part_rows(parts, row),
+            part_rows(parts, row),
+        ),
     )
 
 
 @helper
 def _part_scratch(scratch, part):
     """Part ``part``'s rows of :func:`_scratch`'s arrays."""
-    taps, offsets, weights, slopes = scratch
-    return borrowed(taps)[part], borrowed(offsets)[part], borrowed(weights)[part], borrowed(slopes)[part]
+    taps, offsets, weights, slopes, coefficients, row_sums = scratch
+    return (
+        borrowed(taps)[part],
+        borrowed(offsets)[part],
+        borrowed(weights)[part],
+        borrowed(slopes)[part],
+        borrowed(coefficients)[part],
+        borrowed(row_sums)[part],
+    )
+
+
+@helper
+def _start_row(grid, grid_strides, matrix, field, n, d, h, coefficients):
+    """A B-spline row's coefficients (:func:`.spline.fill_row`), for ``field`` a B-spline's; nothing otherwise."""
+    if is_spline(field):
+        plane = n * grid_strides[0] + d * grid_strides[1] - 2 * grid_strides[4]
+        fill_row(grid, plane, grid_strides[2], grid_strides[3], grid_strides[4], matrix, h, coefficients)
 
 
 @helper
 def _first_point(grid_strides, n, d, h, w, field):
-    """Where the grid (or a displacement, as ``field`` says) holds the x component of output point (n, d, h, w)."""
+    """Where the grid (or a displacement, as ``field`` says) holds the x component of output point (n, d, h, w) (a
+    B-spline's values come from its row's coefficients instead, :func:`_start_row`)."""
     point = n * grid_strides[0] + d * grid_strides[1] + h * grid_strides[2] + w * grid_strides[3]
     return point - 2 * grid_strides[4] if field != GRID else point
 
@@ -76,19 +107,28 @@ def _origin(matrix, field, n, d, h, w):
 
 
 @helper
-def _component(grid, at, field):
-    """The grid (or displacement) value at ``at``; 0 for an affine field without a displacement, which has none."""
-    return 0.0 if field == AFFINE else float(grid[at])
+def _values(grid, grid_strides, point, field, matrix, coefficients, w):
+    """The grid (or displacement) values (x, y, z) of output column ``w``, whose x sits at ``point`` (y and z a
+    component stride and twice that after it): 0 for an affine field without a displacement, which has none; a
+    B-spline's displacement from its row's ``coefficients`` (:func:`.spline.spline_displacement`; ``matrix``: the
+    field's constants, with its columns' supports)."""
+    step = grid_strides[4]
+    if is_spline(field):
+        return spline_displacement(coefficients, columns_at(matrix), w)
+    if field == AFFINE:
+        return 0.0, 0.0, 0.0
+    return float(grid[point]), float(grid[point + step]), float(grid[point + 2 * step])
 
 
 @helper
-def _point_taps(grid, point, step, sizes, rule, origin, taps, weights, slopes):
-    """Fill the taps, weights and slopes of the grid point at ``point``, of an output point whose origin (x, y, z)
-    is ``origin`` (:func:`_origin`); return its multipliers (mx, my, mz)."""
+def _point_taps(values, sizes, rule, origin, taps, weights, slopes):
+    """Fill the taps, weights and slopes of a point whose grid values (x, y, z) are ``values`` (:func:`_values`),
+    of an output point whose origin (x, y, z) is ``origin`` (:func:`_origin`); return its multipliers (mx, my,
+    mz)."""
     padding, align_corners, field = rule.padding, rule.align_corners, rule.field
-    ix, mx = unnormalize(_component(grid, point, field), sizes[2], align_corners, field, origin[0])
-    iy, my = unnormalize(_component(grid, point + step, field), sizes[1], align_corners, field, origin[1])
-    iz, mz = unnormalize(_component(grid, point + 2 * step, field), sizes[0], align_corners, field, origin[2])
+    ix, mx = unnormalize(values[0], sizes[2], align_corners, field, origin[0])
+    iy, my = unnormalize(values[1], sizes[1], align_corners, field, origin[1])
+    iz, mz = unnormalize(values[2], sizes[0], align_corners, field, origin[2])
     _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
     _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
@@ -133,25 +173,17 @@ def _forward(x_operand, grid_operand, matrix_array, y_operand, geometry, rule, p
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     y, y_strides = borrowed(y_operand[0]), y_operand[1]
     batch, channels, sizes, out_sizes = geometry
-    taps, offsets, weights, slopes = _part_scratch(scratch, part)
+    taps, offsets, weights, slopes, coefficients, _ = _part_scratch(scratch, part)
     out_depth, out_height, out_width = out_sizes
     spatial = (x_strides[2], x_strides[3], x_strides[4])
     rows = batch * out_depth * out_height
     for row in range(part * rows // parts, (part + 1) * rows // parts):
         n, d, h = row_position(row, out_sizes)
+        _start_row(grid, grid_strides, matrix, rule.field, n, d, h, coefficients)
         for w in range(out_width):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
-            _point_taps(
-                grid,
-                point,
-                grid_strides[4],
-                sizes,
-                rule,
-                _origin(matrix, rule.field, n, d, h, w),
-                taps,
-                weights,
-                slopes,
-            )
+            values = _values(grid, grid_strides, point, rule.field, matrix, coefficients, w)
+            _point_taps(values, sizes, rule, _origin(matrix, rule.field, n, d, h, w), taps, weights, slopes)
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * y_strides[0] + d * y_strides[2] + h * y_strides[3] + w * y_strides[4]
             for c in range(channels):
@@ -213,25 +245,23 @@ def _dgrid(
     dgrid, dgrid_strides = borrowed(dgrid_operand[0]), dgrid_operand[1]
     matrix, moments = borrowed(matrix_array), borrowed(moments_array)
     batch, channels, sizes, out_sizes = geometry
-    taps, offsets, weights, slopes = _part_scratch(scratch, part)
+    taps, offsets, weights, slopes, coefficients, row_sums = _part_scratch(scratch, part)
     spatial = (x_strides[2], x_strides[3], x_strides[4])
-    rows = batch * out_sizes[0] * out_sizes[1]
-    for row in range(part * rows // parts, (part + 1) * rows // parts):
+    spline = is_spline(rule.field)
+    # A B-spline's (n, d) planes each stay in one part, so that its rows' sums add into their plane in order.
+    unit = out_sizes[1] if spline else 1
+    groups = batch * out_sizes[0] * out_sizes[1] // unit
+    for row in range(part * groups // parts * unit, (part + 1) * groups // parts * unit):
         n, d, h = row_position(row, out_sizes)
         row_moments = moments[row * 6 : row * 6 + 6]
         row_moments[:] = 0.0
+        _start_row(grid, grid_strides, matrix, rule.field, n, d, h, coefficients)
+        row_sums[:] = 0.0
         for w in range(out_sizes[2]):
             point = _first_point(grid_strides, n, d, h, w, rule.field)
+            values = _values(grid, grid_strides, point, rule.field, matrix, coefficients, w)
             mx, my, mz = _point_taps(
-                grid,
-                point,
-                grid_strides[4],
-                sizes,
-                rule,
-                _origin(matrix, rule.field, n, d, h, w),
-                taps,
-                weights,
-                slopes,
+                values, sizes, rule, _origin(matrix, rule.field, n, d, h, w), taps, weights, slopes
             )
             _tap_offsets(taps, sizes, spatial, offsets)
             out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
@@ -240,11 +270,16 @@ def _dgrid(
             )
             if row_moments.size:
                 _add_moment(row_moments, float(w), mx * gx, my * gy, mz * gz)
-            if dgrid.size:
+            if dgrid.size and spline:  # the row's sums (:mod:`.spline`)
+                add_row_sums(row_sums, columns_at(matrix), w, mx * gx, my * gy, mz * gz)
+            elif dgrid.size:
                 target = _first_point(dgrid_strides, n, d, h, w, rule.field)
                 dgrid[target] = mx * gx
                 dgrid[target + dgrid_strides[4]] = my * gy
                 dgrid[target + 2 * dgrid_strides[4]] = mz * gz
+        if dgrid.size and spline:  # the row's sums into its plane's, along h
+            plane = n * dgrid_strides[0] + d * dgrid_strides[1] - 2 * dgrid_strides[4]
+            fold_row(dgrid, plane, dgrid_strides[2], dgrid_strides[3], dgrid_strides[4], matrix, h, row_sums)
 
 
 @helper
@@ -259,18 +294,18 @@ def _add_moment(row_moments, w, g_x, g_y, g_z):
 
 
 @helper
-def _reaches(grid, point, step, sizes, rule, origin, slab, taps, weights, slopes):
-    """Whether a z tap of the grid point at ``point`` lies in the planes ``slab`` = (z_lo, z_hi); if so, every
-    axis's taps, weights and slopes are filled (see :func:`_point_taps`)."""
+def _reaches(values, sizes, rule, origin, slab, taps, weights, slopes):
+    """Whether a z tap of the point whose grid values are ``values`` (:func:`_values`) lies in the planes ``slab`` =
+    (z_lo, z_hi); if so, every axis's taps, weights and slopes are filled (see :func:`_point_taps`)."""
     padding, align_corners, field = rule.padding, rule.align_corners, rule.field
-    iz, _ = unnormalize(_component(grid, point + 2 * step, field), sizes[0], align_corners, field, origin[2])
+    iz, _ = unnormalize(values[2], sizes[0], align_corners, field, origin[2])
     _axis_taps(iz, sizes[0], padding, align_corners, taps, weights, slopes, 2)
     mine = False
     for k in range(4):
         mine = mine or slab[0] <= taps[8 + k] < slab[1]
     if mine:
-        ix, _ = unnormalize(_component(grid, point, field), sizes[2], align_corners, field, origin[0])
-        iy, _ = unnormalize(_component(grid, point + step, field), sizes[1], align_corners, field, origin[1])
+        ix, _ = unnormalize(values[0], sizes[2], align_corners, field, origin[0])
+        iy, _ = unnormalize(values[1], sizes[1], align_corners, field, origin[1])
         _axis_taps(ix, sizes[2], padding, align_corners, taps, weights, slopes, 0)
         _axis_taps(iy, sizes[1], padding, align_corners, taps, weights, slopes, 1)
     return mine
@@ -307,7 +342,7 @@ def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, pa
     grid, grid_strides = borrowed(grid_operand[0]), grid_operand[1]
     dx, dx_strides = borrowed(dx_operand[0]), dx_operand[1]
     batch, channels, sizes, out_sizes = geometry
-    taps, _, weights, slopes = _part_scratch(scratch, part)
+    taps, _, weights, slopes, coefficients, _ = _part_scratch(scratch, part)
     slabs = borrowed(parts)
     first, last = slabs[part, 0], slabs[part, 1]
     zero_planes(Operand(dx, dx_strides), first, last, channels, sizes)
@@ -319,20 +354,12 @@ def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, pa
             continue
         for d in range(out_depth):
             for h in range(out_height):
+                _start_row(grid, grid_strides, matrix, rule.field, n, d, h, coefficients)
                 for w in range(out_width):
                     point = _first_point(grid_strides, n, d, h, w, rule.field)
-                    if not _reaches(
-                        grid,
-                        point,
-                        grid_strides[4],
-                        sizes,
-                        rule,
-                        _origin(matrix, rule.field, n, d, h, w),
-                        slab,
-                        taps,
-                        weights,
-                        slopes,
-                    ):
+                    values = _values(grid, grid_strides, point, rule.field, matrix, coefficients, w)
+                    origin = _origin(matrix, rule.field, n, d, h, w)
+                    if not _reaches(values, sizes, rule, origin, slab, taps, weights, slopes):
                         continue
                     out = n * grad_strides[0] + d * grad_strides[2] + h * grad_strides[3] + w * grad_strides[4]
                     _scatter(
@@ -351,9 +378,9 @@ def _dx(grad_operand, grid_operand, matrix_array, dx_operand, geometry, rule, pa
 
 
 #: ``forward(x, grid, matrix, y, geometry, rule, parts)``: see :func:`_forward`.
-forward = Parallel(_forward, _scratch)
+forward = Parallel(_forward, functools.partial(_scratch, matrix_at=2, rule_at=5))
 #: ``dgrid(grad, x, grid, matrix, dgrid, moments, geometry, rule, parts)``: see :func:`_dgrid`.
-dgrid = Parallel(_dgrid, _scratch)
+dgrid = Parallel(_dgrid, functools.partial(_scratch, matrix_at=3, rule_at=7))
 #: ``dx(grad, grid, matrix, dx, geometry, rule, parts)``, ``parts`` an int64 (count, 2) array of plane runs: see
 #: :func:`_dx`.
-dx = Parallel(_dx, _scratch)
+dx = Parallel(_dx, functools.partial(_scratch, matrix_at=2, rule_at=5))

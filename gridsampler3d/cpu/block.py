@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..rounding import ROUNDER
-from .coords import AFFINE, AFFINE_DISPLACEMENT, ZEROS, source_index
+from .coords import AFFINE, AFFINE_DISPLACEMENT, BSPLINE, BSPLINE_AFFINE, ZEROS, source_index
 from .jit import borrowed, helper, part_rows
 from .records import AXIS_TAPS, Cells, Operand, Origin
+from .spline import columns_at, spline_coordinates
 from .tuning import BLOCK
 
 
@@ -120,11 +121,23 @@ def grid_coordinates(grid, first, step, component, count, coords):
 
 
 @helper
+def is_affine(field):
+    """Whether the kind ``field`` (its code) has a theta."""
+    return field == AFFINE or field == AFFINE_DISPLACEMENT or field == BSPLINE_AFFINE
+
+
+@helper
+def is_spline(field):
+    """Whether the kind ``field`` (its code) is a B-spline's."""
+    return field == BSPLINE or field == BSPLINE_AFFINE
+
+
+@helper
 def row_origin(matrix, field, n, h, d, start):
     """The :class:`.records.Origin` of a block of row (n, d, h) from output column ``start``: an affine field's
-    row of its voxel matrix ``matrix`` (N * 12, :func:`gridsampler3d.affine.voxel_matrix`), read only for an
-    affine ``field``."""
-    if field != AFFINE and field != AFFINE_DISPLACEMENT:
+    row of its voxel matrix, ``matrix[12 n : 12 n + 12]`` (:func:`gridsampler3d.affine.voxel_matrix`), read only
+    for an affine ``field``."""
+    if not is_affine(field):
         return Origin(float(start), float(h), float(d), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     m = matrix[n * 12 : n * 12 + 12]
     return Origin(
@@ -145,9 +158,20 @@ def point_origin(field, origin, i):
     """The position (x, y, z) in voxels from which point i of the block at ``origin`` is displaced: its own
     (w, h, d), or an affine field's ``M @ (w, h, d, 1)``, each axis ``M[0] w + ((M[1] h + M[2] d) + M[3])``."""
     w = origin.w + i
-    if field == AFFINE or field == AFFINE_DISPLACEMENT:
+    if is_affine(field):
         return origin.step_x * w + origin.base_x, origin.step_y * w + origin.base_y, origin.step_z * w + origin.base_z
     return w, origin.h, origin.d
+
+
+@helper
+def field_coordinates(grid, constants, points, rule, origin, coords):
+    """Phase A's read of a block's field values into ``coords`` (:func:`grid_coordinates`): a grid's or a
+    displacement's from ``grid``, a B-spline's displacement from its row coefficients and the columns' supports
+    in the field's ``constants`` (:mod:`.spline`); an affine field without a displacement has none."""
+    if is_spline(rule.field):  # ``grid``: the row's coefficients
+        spline_coordinates(grid, points.count, columns_at(constants), np.int64(origin.w), coords)
+    elif rule.field != AFFINE:
+        grid_coordinates(grid, points.first, points.step, points.component, points.count, coords)
 
 
 @helper
@@ -186,14 +210,16 @@ def _side_bits(low, size, low_taps, high_taps):
 
 
 @helper
-def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, cells, multipliers):
+def trilinear_cells(grid, constants, points, sizes, rule, origin, spatial, other_spatial, cells, multipliers):
     """Each point's cell, computed bitwise as the scalar rules: side weights, corner offsets, inside taps.
 
     ``points`` (:class:`.records.Points`) locates the block's grid values in the flat
-    ``grid``; they are read into ``cells.coords`` by :func:`grid_coordinates` (an affine field
-    without a displacement has none). For a field other than a grid (``rule.field``) they are
-    a displacement in voxels from point i's origin (:func:`point_origin` of ``origin``, a
-    :class:`.records.Origin`). Fills, in ``cells`` (:class:`.records.Cells`):
+    ``grid``; they are read into ``cells.coords`` by :func:`field_coordinates` (an affine
+    field without a displacement has none; a B-spline's ``grid`` is its row coefficients,
+    ``constants`` the field's). For a
+    field other than a grid (``rule.field``) they are a displacement in voxels from point
+    i's origin (:func:`point_origin` of ``origin``, a :class:`.records.Origin`). Fills, in
+    ``cells`` (:class:`.records.Cells`):
 
     - ``sides[slot(s, i)]`` (s = 0..5: x low, x high, y low, y high, z low, z high;
       PyTorch's weights, low = floor + 1 - index, high = index - floor);
@@ -210,8 +236,7 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
     """
     depth, height, width = sizes
     sides = cells.sides
-    if rule.field != AFFINE:
-        grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
+    field_coordinates(grid, constants, points, rule, origin, cells.coords)
     unresolved = 0
     for i in range(points.count):
         ix, iy, iz, mult_x, mult_y, mult_z, done = _point(cells.coords, i, sizes, rule, origin)
@@ -238,15 +263,14 @@ def trilinear_cells(grid, points, sizes, rule, origin, spatial, other_spatial, c
 
 
 @helper
-def nearest_cells(grid, points, sizes, rule, origin, spatial, cells):
+def nearest_cells(grid, constants, points, sizes, rule, origin, spatial, cells):
     """Each point's nearest voxel: ``cells.corner[i]`` its offset (0 outside), ``cells.inside[i]`` 0/1,
     ``cells.lowest[i]`` its depth.
 
     Arguments and result as :func:`trilinear_cells`.
     """
     depth, height, width = sizes
-    if rule.field != AFFINE:
-        grid_coordinates(grid, points.first, points.step, points.component, points.count, cells.coords)
+    field_coordinates(grid, constants, points, rule, origin, cells.coords)
     unresolved = 0
     for i in range(points.count):
         ix, iy, iz, _, _, _, done = _point(cells.coords, i, sizes, rule, origin)

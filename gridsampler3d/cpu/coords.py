@@ -20,6 +20,7 @@ BILINEAR, NEAREST = int(Interpolation.BILINEAR), int(Interpolation.NEAREST)
 ZEROS, BORDER, REFLECTION = int(Padding.ZEROS), int(Padding.BORDER), int(Padding.REFLECTION)
 GRID, DISPLACEMENT = int(FieldKind.GRID), int(FieldKind.DISPLACEMENT)
 AFFINE, AFFINE_DISPLACEMENT = int(FieldKind.AFFINE), int(FieldKind.AFFINE_DISPLACEMENT)
+BSPLINE, BSPLINE_AFFINE = int(FieldKind.BSPLINE), int(FieldKind.BSPLINE_AFFINE)
 
 # The rules below are helpers (jit.py): LLVM inlines them into each kernel, where they fold
 # with the kernel's compile-time modes; Numba's IR inliner would cost several times the compile time.

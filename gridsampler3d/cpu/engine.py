@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from ..affine import axes as affine_axes
+from ..bspline import plane_control_gradient
 from ..dtypes import CPU_KERNEL_DTYPES, HALF_DTYPES, cpu_kernel_dtype
 from ..layout import memory_format_of
 from ..rounding import round_once
 from ..sampling import POINT_ORDER, Field, Gradients, Outputs, Sampling
-from . import buffers, pool, theta, transpose, tuning
+from . import buffers, pool, spline, theta, transpose, tuning
 from .backward import BackwardOperands
 from .executors import BackwardWork, ForwardWork, row_step, run_backward, run_forward
 from .planner import Call, GridPass, Plan, Stage, facts_needed, make_plan
@@ -67,9 +68,10 @@ def operand(tensor: torch.Tensor, rows: int = 1) -> Operand:
 
 
 def field_operand(field: Field, tensor: torch.Tensor | None = None, rows: int = 1) -> Operand:
-    """The operand of ``field``'s tensor, or of ``tensor`` shaped like it (its gradient, a widened copy), with strides
-    in the kernels' order: point order (n, d, h, w, component), a displacement's component stride negated (the
-    kernels read its x, dx, 2 components above dz); each run of ``rows`` output rows as one row."""
+    """The operand of ``field``'s tensor, or of ``tensor`` shaped like it (its gradient, a widened copy; a
+    B-spline's row coefficients or row sums), with strides in the kernels' order: point order (n, d, h, w,
+    component), a displacement's component stride negated (the kernels read its x, dx, 2 components above dz);
+    each run of ``rows`` output rows as one row."""
     tensor = field.tensor if tensor is None else tensor
     strides = tensor.stride()
     data = tensor.numpy(force=True).reshape(-1) if tensor.is_contiguous() else _flat(tensor, strides)
@@ -79,22 +81,40 @@ def field_operand(field: Field, tensor: torch.Tensor | None = None, rows: int = 
     return tuple.__new__(Operand, (data, strides))
 
 
-# What the kernels are handed for a field without a voxel matrix and a backward without theta's moments: nothing
+# What the kernels are handed for a field without constants and a backward without theta's moments: nothing
 # reads them.
 _NO_MATRIX = np.empty(0)
 _NO_MOMENTS = np.zeros(0)
 
 
-def _voxel_matrix(field: Field, x, sampling: Sampling) -> np.ndarray:
-    """An affine field's voxel matrix as the kernels read it, (N * 12) float64 (:func:`.theta.voxel_matrix`), kept
-    in the field's ``derived`` for its backward; ``_NO_MATRIX`` stands in for other fields'."""
-    key = ("cpu voxel matrix", tuple(x.shape[2:]), sampling.align_corners)
+def _field_constants(field: Field, x, sampling: Sampling) -> np.ndarray:
+    """The field's constants as the kernels read them, float64: an affine field's voxel matrix (N * 12,
+    :func:`.theta.voxel_matrix`), then a B-spline's supports along w and h (:func:`.spline.field_constants`); kept
+    in the field's ``derived`` for its backward. ``_NO_MATRIX`` for the other fields."""
+    kind = field.kind
+    if not (kind.affine or kind.spline):
+        return _NO_MATRIX
+    key = ("cpu field constants", tuple(x.shape[2:]), sampling.align_corners)
     derived = field.derived
     if key not in derived:
-        axes = derived[("axes", *key[1:])] = affine_axes(key[1], field.out_sizes, sampling.align_corners)
-        values = field.theta if field.theta.dtype in CPU_KERNEL_DTYPES else field.theta.double()
-        derived[key] = theta.voxel_matrix(values.numpy(force=True), axes)
+        parts = []
+        if kind.affine:
+            axes = derived[("axes", *key[1:])] = affine_axes(key[1], field.out_sizes, sampling.align_corners)
+            values = field.theta if field.theta.dtype in CPU_KERNEL_DTYPES else field.theta.double()
+            parts.append(theta.voxel_matrix(values.numpy(force=True), axes))
+        if kind.spline:
+            parts.append(spline.field_constants(field, sum(part.size for part in parts)))
+        derived[key] = np.concatenate(parts) if len(parts) > 1 else parts[0]
     return derived[key]
+
+
+def _spline_planes(field: Field) -> torch.Tensor:
+    """A B-spline's control points summed along d, with a zero row and column (:func:`.spline.planes`), kept in the
+    field's ``derived`` for its backward."""
+    derived = field.derived
+    if "cpu spline planes" not in derived:
+        derived["cpu spline planes"] = spline.planes(field)
+    return derived["cpu spline planes"]
 
 
 @functools.cache
@@ -118,6 +138,8 @@ def _call_operands(field: Field, x: torch.Tensor, rows: int, keep: bool = True) 
     wide_x = x if x.dtype in CPU_KERNEL_DTYPES else _kernel_dtype(x)
     if field.tensor is None:
         operands = operand(wide_x), _empty_operand(wide_x.dtype)
+    elif field.kind.spline:
+        operands = operand(wide_x), field_operand(field, _spline_planes(field), rows)
     elif field.tensor.dtype not in CPU_KERNEL_DTYPES:
         operands = operand(wide_x), field_operand(field, _kernel_dtype(field.tensor), rows)
     else:
@@ -129,8 +151,9 @@ def _call_operands(field: Field, x: torch.Tensor, rows: int, keep: bool = True) 
 
 def _point_strides(field: Field, strides) -> tuple:
     """A field's strides as :func:`field_operand` hands them to the kernels (point order, a displacement's component
-    stride negated: the kernels read its x, dx, 2 components above dz)."""
-    if field.kind.displaced:
+    stride negated: the kernels read its x, dx, 2 components above dz); a B-spline's row coefficients (N, 3, Do,
+    Ho, Kw) alike."""
+    if field.kind.displaced or field.kind.spline:
         strides = POINT_ORDER(strides)
         return strides[:4] + (-strides[4],)
     return strides
@@ -191,7 +214,10 @@ def describe_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=Non
     (``grad`` is given for a backward)."""
     out_sizes = field.out_sizes
     field_strides = [] if field.tensor is None else [_point_strides(field, _dense_strides(field.tensor))]
-    joinable = _joinable(field_strides, [_dense_strides(grad)] if grad is not None else [], out_sizes[2])
+    # A B-spline's columns are the control grid's along one output row: its rows are never joined.
+    joinable = not field.kind.spline and _joinable(
+        field_strides, [_dense_strides(grad)] if grad is not None else [], out_sizes[2]
+    )
     return Call.describe(
         stage,
         x,
@@ -244,7 +270,7 @@ def plan_call(stage: Stage, x, field: Field, sampling: Sampling, *, grad=None, o
         facts = (None, None)
     else:
         if "smooth" in needed and matrix is None:
-            matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
+            matrix = _field_constants(field, x, sampling)
         facts = _facts(call, needed, field, grad, matrix)
     plan = plans.get(facts)
     if plan is None:
@@ -270,7 +296,7 @@ class NumbaBackend:
         return device.type == "cpu"
 
     def forward(self, x: torch.Tensor, field: Field, sampling: Sampling) -> torch.Tensor:
-        matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
+        matrix = _field_constants(field, x, sampling)
         plan = plan_call(Stage.FORWARD, x, field, sampling, matrix=matrix)
         dtype, layout = x.dtype, memory_format_of(x)
         if dtype not in CPU_KERNEL_DTYPES:
@@ -294,7 +320,7 @@ class NumbaBackend:
         deterministic: bool,
     ) -> Gradients:
         """Always deterministic (sums in a fixed order): ``deterministic`` changes nothing here."""
-        matrix = _voxel_matrix(field, x, sampling) if field.kind.affine else _NO_MATRIX
+        matrix = _field_constants(field, x, sampling)
         plan = plan_call(Stage.BACKWARD, x, field, sampling, grad=grad, outputs=outputs, matrix=matrix)
         if not plan.copies:
             return _execute_backward(plan, grad, x, field, sampling, outputs, matrix)
@@ -324,7 +350,11 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
         wide_field = _kernel_dtype(wide_field)
     x = _kernel_dtype(x) if x.dtype not in CPU_KERNEL_DTYPES else x
     dfield, dfield_operand = None, _empty_operand(wide_field.dtype)
-    if outputs.dfield:
+    if outputs.dfield and field.kind.spline:
+        # The plane sums of the gradient with respect to the position, in float64, zeroed: the kernels add into them.
+        dfield = torch.zeros(_spline_planes(field).shape, dtype=torch.float64)
+        dfield_operand = field_operand(field, dfield)
+    elif outputs.dfield:
         dfield = buffers.empty(field.tensor.shape, wide_field.dtype, field.gradient_format())
         dfield_operand = field_operand(field, dfield, rows)
         if plan.grid_pass == GridPass.ZEROS:
@@ -345,7 +375,11 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
     run_backward(BackwardWork(plan, operands, geometry, sampling, field.kind))
     if outputs.dx and dx.dtype != dtype:
         dx = _rounded(dx, dtype, layout)
-    if outputs.dfield and dfield.dtype != dtype:
+    if outputs.dfield and field.kind.spline:  # the zero row and column gathered what the grid leaves out
+        sums = dfield[:, :, :, :-1, :-1]
+        control = plane_control_gradient(sums, field.tensor.shape[2:], field.out_sizes, field.parameters)
+        dfield = round_once(control, field.tensor.dtype)
+    elif outputs.dfield and dfield.dtype != dtype:
         dfield = _rounded(dfield, dtype, memory_format_of(dfield))
     dtheta = None
     if outputs.dtheta:

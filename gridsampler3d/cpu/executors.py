@@ -255,12 +255,18 @@ def _slabs(work: BackwardWork, count: int):
     ), ranges
 
 
+def _row_unit(work: BackwardWork) -> int:
+    """The runs of rows that stay in one part of a grid gradient's pass: a B-spline's (n, d) planes (Ho rows), whose
+    rows add their sums into the plane's in order (:mod:`.spline`); else single rows."""
+    return work.geometry.out_sizes[1] if work.field.spline else 1
+
+
 def _grid_rows_launch(work: BackwardWork):
     """The grid gradient's launch by runs of rows, every channel at once."""
     return (
         work.operands,
         work.geometry,
-        row_parts(work.rows, work.planes, work.plan.runs),
+        row_parts(work.rows, work.planes, work.plan.runs, _row_unit(work)),
         _EVERY_ROW,
         Outputs(False, True),
         _NO_CARRY,
@@ -317,12 +323,13 @@ def _grid_by_channel_groups(work: BackwardWork) -> None:
     PyTorch's order, over a chunk of rows whose sums fit ``tuning.CARRY_BYTES``; a far
     reflection in any group reruns the chunk's groups exactly.
     """
-    chunk, rows, width = work.plan.carry_rows, work.rows, work.geometry.out_sizes[2]
+    unit = _row_unit(work)
+    chunk, rows, width = -(-work.plan.carry_rows // unit) * unit, work.rows, work.geometry.out_sizes[2]
     groups = channel_groups(work.geometry.channels, work.plan.grid_channel_group)
     sums = np.empty(3 * min(chunk, rows) * width)
     for first in range(0, rows, chunk):
         last = min(first + chunk, rows)
-        parts = row_parts(last - first, work.planes, work.plan.threads)
+        parts = row_parts(last - first, work.planes, work.plan.threads, unit)
         parts[:, 2:] += first
         carried = sums[: 3 * (last - first) * width]
         launch(

@@ -34,6 +34,7 @@ from .compile_report import label
 from .coords import GRID, NEAREST
 from .jit import Parallel, borrowed, helper, outlined_helper, part_kernel, part_rows
 from .records import Cells, Geometry, Points, Rule, kernel_rule
+from .spline import coefficient_entries, fill_row
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -60,7 +61,10 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
     For a displacement (``field``) ``grid`` is (N, 3, Do, Ho, Wo) as (dz, dy, dx) in voxels,
     its strides given as (n, d, h, w, -component): dx sits 2 components above dz, read at a
     negative component step. An affine field with a displacement reads it so too, from the
-    affine's position instead of the point's own; one without reads no grid.
+    affine's position instead of the point's own; one without reads no grid. A B-spline's
+    ``grid`` is its control points summed along d, strides (n, d, b, c, -component), from which
+    each row's coefficients are summed as the row starts, and ``matrix`` holds its supports
+    (:mod:`.spline`).
 
     With ``channels_last`` (the engine sets it for channels-last data) the kernel runs the
     channel loop innermost where the strides allow; without it the kernel never compiles
@@ -71,6 +75,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
         sampling, field, forward=True, exact_remainder=exact_remainder
     )
     nearest = interpolation == NEAREST
+    spline = field.spline
 
     @part_kernel
     def kernel(x_operand, grid_operand, matrix_array, y_operand, geometry, parts, unresolved_operand, scratch, part):
@@ -78,6 +83,7 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
         # The records, given as plain tuples (:func:`.records.unnamed`), named again.
         geometry, scratch = Geometry(*geometry), _Scratch(*scratch)
         unresolved = borrowed(unresolved_operand)
+        coefficients = borrowed(scratch.coefficients)[part]  # a B-spline's row coefficients (:mod:`.spline`)
         cells = part_cells(scratch.cells, part)
         work = (borrowed(scratch.weights)[part], borrowed(scratch.offsets)[part], borrowed(scratch.totals)[part])
         rule = Rule(interpolation, padding, align_corners, field_code, forward, exact)
@@ -91,6 +97,9 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
             if field_code != GRID:  # a displacement's x component sits 2 components above
                 first_point -= 2 * grid.strides[4]
             first_out = n * y.strides[0] + d * y.strides[2] + h * y.strides[3]
+            if spline:
+                plane = n * grid.strides[0] + d * grid.strides[1] - 2 * grid.strides[4]
+                fill_row(grid.data, plane, grid.strides[2], grid.strides[3], grid.strides[4], matrix, h, coefficients)
             for start in range(0, out_width, BLOCK):
                 points = Points(
                     first_point + start * grid.strides[3],
@@ -101,12 +110,20 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
                 origin = row_origin(matrix, field_code, n, h, d, start)
                 out = first_out + start * y.strides[4]
                 # Chosen by the kernel's constants, so that each kernel compiles only its own path.
+                # The field's values: a B-spline's row coefficients (chosen by the kernel's constant, so that each
+                # kernel is typed with one of the two arrays).
+                if spline:
+                    values = coefficients
+                else:
+                    values = grid.data
                 if nearest:
-                    if not _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
+                    if not _nearest_block(x, values, matrix, y, geometry, rule, points, origin, n, out, cells):
                         unresolved[part] = 1
                         return
                     continue
-                if trilinear_cells(grid.data, points, geometry.sizes, rule, origin, spatial, spatial, cells, False):
+                if trilinear_cells(
+                    values, matrix, points, geometry.sizes, rule, origin, spatial, spatial, cells, False
+                ):
                     unresolved[part] = 1
                     return
                 masked_offsets(points.count, cells.corner, cells.inside, spatial, work[1])
@@ -116,37 +133,40 @@ def forward_kernel(sampling: Sampling, field: FieldKind, exact_remainder: bool =
                     _channel_sums(x, y, geometry.channels, points.count, n * x.strides[0], out, cells, work[1])
 
     label(kernel, "forward", sampling, field, channels_last, exact_remainder)
-    return Parallel(kernel, _scratch)
+    return Parallel(kernel, functools.partial(_scratch, spline=spline))
 
 
 class _Scratch(NamedTuple):
     """The arrays a forward pass works in, each with one row per part: phase A's cells, the taps' weights (8 per
-    point) and offsets (8 per point), one point's channel totals."""
+    point) and offsets (8 per point), one point's channel totals, a B-spline's row coefficients."""
 
     cells: Cells
     weights: np.ndarray
     offsets: np.ndarray
     totals: np.ndarray
+    coefficients: np.ndarray
 
 
-def _scratch(parts: int, x, grid, matrix, y, geometry, *rest):
+def _scratch(parts: int, x, grid, matrix, y, geometry, *rest, spline: bool = False):
     """(:class:`_Scratch`,): a forward pass's scratch (see :func:`.jit.part_kernel`); the forward keeps no
-    multipliers."""
+    multipliers; ``spline``: the field is a B-spline's, whose rows' coefficients take room too."""
     return (
         _Scratch(
             scratch_cells(parts, multipliers=False),
             part_rows(parts, 8 * BLOCK),
             part_rows(parts, 8 * BLOCK, np.int64),
             part_rows(parts, geometry.channels),
+            part_rows(parts, coefficient_entries(matrix) if spline else 0),
         ),
     )
 
 
 @helper
-def _nearest_block(x, grid, y, geometry, rule, points, origin, n, out, cells):
-    """One block of nearest: each channel's nearest voxels into ``y`` from ``out`` on; False where unresolved."""
+def _nearest_block(x, values, constants, y, geometry, rule, points, origin, n, out, cells):
+    """One block of nearest: each channel's nearest voxels into ``y`` from ``out`` on; False where unresolved;
+    ``values`` the field's (:func:`.block.field_coordinates`)."""
     spatial = (x.strides[2], x.strides[3], x.strides[4])
-    if nearest_cells(grid.data, points, geometry.sizes, rule, origin, spatial, cells):
+    if nearest_cells(values, constants, points, geometry.sizes, rule, origin, spatial, cells):
         return False
     count = points.count
     for c in range(geometry.channels):

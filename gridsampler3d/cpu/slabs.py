@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bspline import contract, row_coefficients, tables
 from ..modes import Interpolation
 from ..rounding import ROUNDER
 from ..sampling import Field, FieldKind, Sampling
-from .block import borrow, decode_row, point_origin, row_origin, row_position
-from .coords import AFFINE, AFFINE_DISPLACEMENT, GRID, NEAREST, REFLECTION, source_index, unnormalize
+from .block import borrow, decode_row, is_affine, is_spline, point_origin, row_origin, row_position
+from .coords import AFFINE, GRID, NEAREST, REFLECTION, source_index, unnormalize
 from .jit import Parallel, borrowed, helper, part_kernel
 from .records import Geometry, RowRanges, Rule
+from .spline import columns_at, fill_row, row_width, spline_displacement
 from .tuning import BLOCK
 
 # Below this magnitude a grid value (or displacement) maps to an index well inside the int32
@@ -31,18 +33,22 @@ _MONOTONIC_LIMIT = 2.0**20
 
 
 @helper
-def _lowest_depths(grid, first, step, count, depth, rule, origin, lowest):
+def _lowest_depths(grid, constants, first, step, count, depth, rule, origin, lowest):
     """lowest[i]: the lowest depth point i's taps touch (rint for nearest, floor otherwise), clamped to [-2, D].
 
     ``rule`` (:class:`.records.Rule`) without the exact remainder; ``origin`` the
     block's :class:`.records.Origin`, from which a displacement is measured (an affine field
-    without one reads no grid).
+    without one reads no grid); ``constants`` the field's (a B-spline's columns, :mod:`.spline`).
     Returns how many points need the exact reflection remainder (see coords.reflect_with_grad),
     which is not taken here: their entries are not to be used.
     """
     unresolved = 0
+    spline = is_spline(rule.field)
     for i in range(count):
-        value = 0.0 if rule.field == AFFINE else float(grid[first + i * step])
+        if spline:  # a B-spline's dz from its row coefficients (``grid``)
+            value = spline_displacement(grid, columns_at(constants), np.int64(origin.w) + i)[2]
+        else:
+            value = 0.0 if rule.field == AFFINE else float(grid[first + i * step])
         iz, _, done = source_index(
             value,
             depth,
@@ -111,23 +117,32 @@ def _depth_ranges(grid_operand, matrix_array, geometry, rule, visits, rows, part
     stride = 1 if every_row else row_step
     visited = (geometry.batch * out_depth * out_height + stride - 1) // stride
     lowest = np.empty(BLOCK, np.int64)
+    spline = is_spline(rule.field)
+    coefficients = np.empty(3 * row_width(matrix) if spline else 0)  # a B-spline row's (:mod:`.spline`)
     for visit in range(part * visited // parts, (part + 1) * visited // parts):
         row = visit * stride
         n, d, h = row_position(row, geometry.out_sizes)
+        if spline:
+            plane = n * grid.strides[0] + d * grid.strides[1] - 2 * grid.strides[4]
+            fill_row(grid.data, plane, grid.strides[2], grid.strides[3], grid.strides[4], matrix, h, coefficients)
+            _range_point_by_point(coefficients, 0, 0, (matrix, n, h, d), geometry, rule, row, ranges, lowest)
+            continue
         first_point = n * grid.strides[0] + d * grid.strides[1] + h * grid.strides[2]
         if rule.field == GRID:  # a grid's z is its third component; a displacement's dz its first
             first_point += 2 * grid.strides[4]
         if row % row_step != 0 and _range_from_extremes(grid, first_point, geometry, rule, float(d), row, ranges):
             continue
-        _range_point_by_point(grid, first_point, (matrix, n, h, d), geometry, rule, row, ranges, lowest)
+        _range_point_by_point(
+            grid.data, first_point, grid.strides[3], (matrix, n, h, d), geometry, rule, row, ranges, lowest
+        )
 
 
 @helper
 def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges):
     """A row's range from its extreme z values; False (nothing set) where one is NaN, infinite or huge (where the
     index rules stop being monotonic) or reflection folds the row, and for an affine field (whose z moves along
-    the row)."""
-    if rule.field == AFFINE or rule.field == AFFINE_DISPLACEMENT:
+    the row) or a B-spline (whose row holds coefficients, not values)."""
+    if is_affine(rule.field) or is_spline(rule.field):
         return False
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
     smallest, largest = np.inf, -np.inf
@@ -147,18 +162,17 @@ def _range_from_extremes(grid, first_point, geometry, rule, origin, row, ranges)
 
 
 @helper
-def _range_point_by_point(grid, first_point, place, geometry, rule, row, ranges, lowest):
-    """A row's range from each point's lowest depth (every plane where a point needs the exact remainder);
-    ``place`` is (matrix, n, h, d)."""
+def _range_point_by_point(values, first_point, step, place, geometry, rule, row, ranges, lowest):
+    """A row's range from each point's lowest depth (every plane where a point needs the exact remainder), its z
+    values in ``values`` from ``first_point``, ``step`` apart (a B-spline's: its row's coefficients); ``place`` is
+    (matrix, n, h, d)."""
     depth, out_width = geometry.sizes[0], geometry.out_sizes[2]
     matrix, n, h, d = place
     least, most = np.int64(2**62), -np.int64(2**62)
     for start in range(0, out_width, BLOCK):
         count = min(BLOCK, out_width - start)
         origin = row_origin(matrix, rule.field, n, h, d, start)
-        if _lowest_depths(
-            grid.data, first_point + start * grid.strides[3], grid.strides[3], count, depth, rule, origin, lowest
-        ):
+        if _lowest_depths(values, matrix, first_point + start * step, step, count, depth, rule, origin, lowest):
             least = min(least, -2)
             most = max(most, depth)
             continue
@@ -189,16 +203,23 @@ def looks_coherent(field: Field, depth: int, sampling: Sampling, row_step: int, 
     out_depth, out_height, out_width = field.out_sizes
     row = np.arange(0, field.points // out_width, row_step)
     n, d, h = decode_row(row, field.out_sizes)
-    if field.kind.affine:
-        m = matrix.reshape(-1, 3, 4)[n, 2]
-        index = m[:, :1] * np.arange(out_width) + ((m[:, 1:2] * h[:, None] + m[:, 2:3] * d[:, None]) + m[:, 3:])
-        if field.kind.displaced:
-            index = index + field.tensor[n, 0, d, h].double().numpy()
-    elif field.kind == FieldKind.DISPLACEMENT:  # (N, 3, Do, Ho, Wo), dz first: the position is d + dz
-        index = field.tensor[n, 0, d, h].double().numpy() + d[:, None]
-    else:
+    kind = field.kind
+    if kind == FieldKind.GRID:
         z = field.tensor[n, d, h, :, 2].double().numpy()
         index = (z + 1) * ((depth - 1) / 2) if sampling.align_corners else ((z + 1) * depth - 1) / 2
+    elif kind.affine:  # the depth the affine map gives each point
+        m = matrix[: 12 * field.batch].reshape(-1, 3, 4)[n, 2]
+        index = m[:, :1] * np.arange(out_width) + ((m[:, 1:2] * h[:, None] + m[:, 2:3] * d[:, None]) + m[:, 3:])
+    else:  # the point's own depth
+        index = np.broadcast_to(d[:, None].astype(np.float64), (row.size, out_width))
+    if kind.displaced:  # (N, 3, Do, Ho, Wo), dz first
+        index = index + field.tensor[n, 0, d, h].double().numpy()
+    elif kind.spline:  # dz of the sampled rows, from the row coefficients (:mod:`gridsampler3d.bspline`)
+        coefficients = field.derived.get("cpu spline rows")
+        if coefficients is None:
+            coefficients = row_coefficients(field.tensor.detach().double(), field.out_sizes, field.parameters)
+        width = tables(field.out_sizes, field.tensor.shape[2:], field.parameters)[2]
+        index = index + contract(coefficients[n, 0, d, h].numpy(), 1, *width)
     nearest = sampling.interpolation == Interpolation.NEAREST
     with np.errstate(invalid="ignore"):  # a non-finite index counts as no jump
         lowest = np.clip(np.rint(index) if nearest else np.floor(index), -2, depth)
@@ -242,9 +263,10 @@ def plan_slabs(
     return parts
 
 
-def row_parts(rows: int, planes: int, count: int) -> np.ndarray:
-    """Parts (count, 4) that split the rows evenly, every part seeing all planes (for the dgrid-only pass)."""
-    bounds = np.linspace(0, rows, count + 1).round().astype(np.int64)
+def row_parts(rows: int, planes: int, count: int, unit: int = 1) -> np.ndarray:
+    """Parts (count, 4) that split the rows evenly, every part seeing all planes (for the dgrid-only pass), each
+    part's rows whole runs of ``unit`` rows."""
+    bounds = np.linspace(0, rows // unit, count + 1).round().astype(np.int64) * unit
     parts = np.empty((count, 4), np.int64)
     parts[:, 0], parts[:, 1] = 0, planes
     parts[:, 2], parts[:, 3] = bounds[:-1], bounds[1:]

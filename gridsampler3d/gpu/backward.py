@@ -18,7 +18,10 @@ grid, as the forward does, and the grid gradient is written through ``dgrid``'s 
 given in the same point order: d(displacement) lands in the displacement's own layout. An
 affine field's positions come from its voxel matrix (``coords.field_coordinates``); the
 walk reduces their gradient to partial row moments (``coords.store_row_moments``), from
-which the engine sums theta's gradient in float64, in a fixed order.
+which the engine sums theta's gradient in float64, in a fixed order. A B-spline's
+displacement is summed from its row coefficients; the walk reduces the gradient with
+respect to the positions to partial row sums (``coords.store_row_sums``), from which the
+engine sums the control points' gradient in float64, in a fixed order.
 
 Each operand is a :class:`.records.Operand`, the sizes a :class:`.records.Sizes`, and the
 constexprs records too: ``RULE`` (:class:`.records.Rule`), ``OUTPUTS``
@@ -36,10 +39,8 @@ from .coords import (
     cell_taps,
     linear_weight,
     point_indices,
-    point_offset,
     point_position,
-    store_point_gradient,
-    store_row_moments,
+    store_position_gradient,
     tap_weight,
     tile_points,
     volume_offset,
@@ -54,15 +55,16 @@ def grid_sampler3d_bwd_kernel(
     grid,
     dx,
     dgrid,
-    moments,
+    partials,
     sizes,
     RULE: tl.constexpr,
     ACC: tl.constexpr,
     OUTPUTS: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    """dx += grad pushed through the taps (atomics, ``OUTPUTS.dx``); dgrid (N, Do, Ho, Wo, 3) through its strides
-    (``OUTPUTS.dfield``); an affine field's row moments (``OUTPUTS.dtheta``, :class:`.records.RowMoments`).
+    """dx += grad pushed through the taps (atomics, ``OUTPUTS.dx``); dgrid (N, Do, Ho, Wo, 3) through its strides,
+    or a B-spline's partial row sums (``OUTPUTS.dfield``); an affine field's row moments (``OUTPUTS.dtheta``); both
+    row partials in :class:`.records.RowPartials`.
 
     Launch grid: ``coords.tile_points``, as the forward. ``dx`` is zeroed by the
     caller and has the accumulation dtype ``ACC``; every program loops over all channels
@@ -137,11 +139,16 @@ def grid_sampler3d_bwd_kernel(
         grad_x = tl.sum(lanes_x, axis=1)
         grad_y = tl.sum(lanes_y, axis=1)
         grad_z = tl.sum(lanes_z, axis=1)
-    if OUTPUTS.dfield:
-        out = point_offset(n, d, h, w, dgrid.strides)
-        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
-    if OUTPUTS.dtheta:
-        store_row_moments(moments, n, d, h, w, point_mask, grad_x * mx, grad_y * my, grad_z * mz, out_depth, out_height)
+    store_position_gradient(
+        dgrid,
+        partials,
+        grid.columns,
+        (n, d, h, w, point_mask),
+        (grad_x * mx, grad_y * my, grad_z * mz),
+        (out_depth, out_height),
+        RULE,
+        OUTPUTS,
+    )
 
 
 @triton.jit

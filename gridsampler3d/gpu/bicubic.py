@@ -26,17 +26,13 @@ import triton
 import triton.language as tl
 
 from .coords import (
-    AFFINE,
-    AFFINE_DISPLACEMENT,
     cubic_slope,
     cubic_weight,
     cubic_weight_at,
     field_coordinates,
     pad_tap,
-    point_offset,
     point_position,
-    store_point_gradient,
-    store_row_moments,
+    store_position_gradient,
     unnormalize,
     volume_offset,
     wide,
@@ -98,7 +94,7 @@ def bicubic_bwd_kernel(
     grid,
     dx,
     dgrid,
-    moments,
+    partials,
     points,
     sizes,
     RULE: tl.constexpr,
@@ -107,17 +103,17 @@ def bicubic_bwd_kernel(
     TILE: tl.constexpr,
 ):
     """dx += grad through the 64 taps (atomics into a zeroed ``ACC`` buffer, ``OUTPUTS.dx``), dgrid (through its
-    strides, float64 sums, ``OUTPUTS.dfield``) and an affine field's row moments (``OUTPUTS.dtheta``,
-    :class:`.records.RowMoments`).
+    strides, float64 sums) or a B-spline's partial row sums (``OUTPUTS.dfield``), and an affine field's row
+    moments (``OUTPUTS.dtheta``); both row partials in :class:`.records.RowPartials`.
 
     ``TILE.block_w`` of the ``points`` a program, every channel ``TILE.block_c`` at a time;
-    for an affine field, ``TILE.block_w`` columns of one output row a program (launch grid
-    (N * Do * Ho, cdiv(Wo, block_w))), so that a program's moments are one row's.
+    for an affine field or a B-spline, ``TILE.block_w`` columns of one output row a program (launch grid
+    (N * Do * Ho, cdiv(Wo, block_w))), so that a program's partial sums are one row's.
     """
     channels = sizes.channels
     depth, height, width = wide(sizes.depth), wide(sizes.height), wide(sizes.width)
     out_depth, out_height, out_width = wide(sizes.out_depth), wide(sizes.out_height), wide(sizes.out_width)
-    if RULE.field == AFFINE or RULE.field == AFFINE_DISPLACEMENT:
+    if RULE.affine or RULE.spline:
         column = tl.program_id(1).to(tl.int64) * TILE.block_w + tl.arange(0, TILE.block_w)
         point = tl.program_id(0).to(tl.int64) * out_width + column
         point_mask = column < out_width
@@ -154,13 +150,16 @@ def bicubic_bwd_kernel(
             grad_x += tl.sum(tl.where(tile_mask, total_x * grad_wide, 0.0), axis=1)
             grad_y += tl.sum(tl.where(tile_mask, total_y * grad_wide, 0.0), axis=1)
             grad_z += tl.sum(tl.where(tile_mask, total_z * grad_wide, 0.0), axis=1)
-    if OUTPUTS.dfield:
-        out = point_offset(batch, d, h, w, dgrid.strides)
-        store_point_gradient(dgrid, out, point_mask, grad_x * mx, grad_y * my, grad_z * mz, RULE.field)
-    if OUTPUTS.dtheta:
-        store_row_moments(
-            moments, batch, d, h, w, point_mask, grad_x * mx, grad_y * my, grad_z * mz, out_depth, out_height
-        )
+    store_position_gradient(
+        dgrid,
+        partials,
+        grid.columns,
+        (batch, d, h, w, point_mask),
+        (grad_x * mx, grad_y * my, grad_z * mz),
+        (out_depth, out_height),
+        RULE,
+        OUTPUTS,
+    )
 
 
 @triton.jit

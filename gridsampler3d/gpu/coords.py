@@ -6,6 +6,7 @@ dtype, so a float32 coordinate near an integer rounds the way the golden's does;
 kernels round weights to their accumulation type afterwards. The kernels call these and
 nothing else for coordinates. ``RULE`` is the call's :class:`.records.Rule` (a constexpr),
 a grid or its gradient an :class:`.records.Operand` with :class:`.records.PointStrides`.
+A B-spline's displacement and its row sums follow :mod:`gridsampler3d.cpu.spline`, operation for operation.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ BORDER = tl.constexpr(Padding.BORDER.value)
 REFLECTION = tl.constexpr(Padding.REFLECTION.value)
 GRID = tl.constexpr(FieldKind.GRID.value)
 AFFINE = tl.constexpr(FieldKind.AFFINE.value)
-AFFINE_DISPLACEMENT = tl.constexpr(FieldKind.AFFINE_DISPLACEMENT.value)
 
 
 @triton.jit
@@ -150,25 +150,76 @@ def affine_position(matrix, n, d, h, w, mask):
 
 
 @triton.jit
+def bspline_weight(t):
+    """The uniform cubic B-spline at ``t`` (float64), as :func:`gridsampler3d.bspline.beta` writes it."""
+    magnitude = tl.abs(t)
+    near = (4.0 - 6.0 * magnitude * magnitude + 3.0 * magnitude * magnitude * magnitude) / 6.0
+    far = (2.0 - magnitude) * (2.0 - magnitude) * (2.0 - magnitude) / 6.0
+    return tl.where(magnitude < 1.0, near, tl.where(magnitude < 2.0, far, 0.0))
+
+
+@triton.jit
+def spline_support(columns, w, mask):
+    """(lowest, weights, count) of the output columns ``w`` on a B-spline's control grid along w (``columns``:
+    spacing, origin, count, float64): each point's support is the control columns ``lowest + m`` (m = 0..3,
+    float64, ``floor(t) - 1 + m``, ``t = (w - origin) / spacing``) of weights ``beta(t - lowest - m)``, those
+    inside the grid (0 .. count - 1) only; as :func:`gridsampler3d.cpu.spline.column` computes them."""
+    lanes = tl.zeros_like(w)
+    spacing = tl.load(columns + lanes, mask=mask, other=1.0)
+    origin = tl.load(columns + 1 + lanes, mask=mask, other=0.0)
+    count = tl.load(columns + 2 + lanes, mask=mask, other=0.0)
+    t = (w.to(tl.float64) - origin) / spacing
+    lowest = tl.floor(t) - 1.0
+    weights = ()
+    for m in tl.static_range(4):
+        weights = weights + (bspline_weight(t - (lowest + m)),)
+    return lowest, weights, count
+
+
+@triton.jit
+def spline_displacement(field, n, d, h, w, mask, FIELD: tl.constexpr):
+    """(dx, dy, dz), float64, of a B-spline at the output points (n, d, h, w): the sum over m in order of
+    ``beta(t - c_m) V[n, :, d, h, c_m]`` for the support's columns c_m inside the grid (:func:`spline_support`), V
+    the row coefficients ``field.data`` (a :class:`.records.FieldOperand`; a column outside is left out, not
+    multiplied by 0)."""
+    lowest, weights, count = spline_support(field.columns, w, mask)
+    total_x = tl.zeros(w.shape, tl.float64)
+    total_y = tl.zeros(w.shape, tl.float64)
+    total_z = tl.zeros(w.shape, tl.float64)
+    for m in tl.static_range(4):
+        index = lowest + m
+        valid = mask & (index >= 0.0) & (index < count)
+        column = tl.minimum(tl.maximum(index, 0.0), count - 1.0).to(tl.int64)
+        at_x, at_y, at_z = component_offsets(point_offset(n, d, h, column, field.strides), field.strides.k, FIELD)
+        total_x = tl.where(valid, total_x + weights[m] * tl.load(field.data + at_x, mask=valid, other=0.0), total_x)
+        total_y = tl.where(valid, total_y + weights[m] * tl.load(field.data + at_y, mask=valid, other=0.0), total_y)
+        total_z = tl.where(valid, total_z + weights[m] * tl.load(field.data + at_z, mask=valid, other=0.0), total_z)
+    return total_x, total_y, total_z
+
+
+@triton.jit
 def field_coordinates(field, n, d, h, w, mask, RULE: tl.constexpr):
     """(gx, gy, gz, ox, oy, oz) of the output points (n, d, h, w) of ``field`` (a :class:`.records.FieldOperand`):
     what the field holds along x, y and z, and the positions a displacement is measured from.
 
     A grid holds normalised coordinates (the origins are unused); a displacement is measured
     from the point's own (w, h, d); an affine field's from its affine position
-    (:func:`affine_position`), and an affine field alone holds zeros.
+    (:func:`affine_position`), and an affine field alone holds zeros. A B-spline's displacement is summed from its
+    row coefficients (:func:`spline_displacement`).
     """
     if RULE.field == AFFINE:
         gx = tl.zeros(w.shape, tl.float64)
         gy = tl.zeros(w.shape, tl.float64)
         gz = tl.zeros(w.shape, tl.float64)
+    elif RULE.spline:
+        gx, gy, gz = spline_displacement(field, n, d, h, w, mask, RULE.field)
     else:
         offset = point_offset(n, d, h, w, field.strides)
         at_x, at_y, at_z = component_offsets(offset, field.strides.k, RULE.field)
         gx = tl.load(field.data + at_x, mask=mask, other=0.0)
         gy = tl.load(field.data + at_y, mask=mask, other=0.0)
         gz = tl.load(field.data + at_z, mask=mask, other=0.0)
-    if RULE.field == AFFINE or RULE.field == AFFINE_DISPLACEMENT:
+    if RULE.affine:
         ox, oy, oz = affine_position(field.matrix, n, d, h, w, mask)
     else:
         ox, oy, oz = w, h, d
@@ -196,28 +247,83 @@ def store_point_gradient(dgrid, offset, mask, grad_x, grad_y, grad_z, FIELD: tl.
 
 
 @triton.jit
-def store_row_moments(moments, n, d, h, w, mask, grad_x, grad_y, grad_z, out_depth, out_height):
-    """Write this program's partial row moments of an affine field (:class:`.records.RowMoments`): the sums over
-    its points of their position gradient (grad_x, grad_y, grad_z, float64) and of it times w, into the block of
-    column ``program_id(1)`` of their output row (n, d, h).
+def store_position_gradient(
+    dgrid, partials, columns, point, gradient, out_sizes, RULE: tl.constexpr, OUTPUTS: tl.constexpr
+):
+    """Write what a backward walk makes of its points' gradient with respect to their positions, ``gradient`` =
+    (x, y, z), float64, the multipliers applied, at the output points ``point`` = (n, d, h, w, mask): the field's
+    gradient (``OUTPUTS.dfield``) through ``dgrid``'s strides (:func:`store_point_gradient`), or a B-spline's
+    partial row sums (:func:`store_row_sums`, its control grid along w in ``columns``); an affine field's partial
+    row moments (``OUTPUTS.dtheta``, :func:`store_row_moments`); both row partials in ``partials``
+    (:class:`.records.RowPartials`). ``out_sizes`` is (Do, Ho), int64."""
+    n, d, h, w, mask = point
+    grad_x, grad_y, grad_z = gradient
+    out_depth, out_height = out_sizes
+    if OUTPUTS.dfield and RULE.spline:
+        store_row_sums(partials, columns, program_row(n, d, h, mask, out_depth, out_height), w, mask, gradient)
+    elif OUTPUTS.dfield:
+        store_point_gradient(dgrid, point_offset(n, d, h, w, dgrid.strides), mask, grad_x, grad_y, grad_z, RULE.field)
+    if OUTPUTS.dtheta:
+        store_row_moments(partials, program_row(n, d, h, mask, out_depth, out_height), w, mask, gradient)
 
-    A program's points are one output row, its first lane in it: the plan of a theta gradient
-    takes patches one row high and deep, the tricubic walk one row a program. ``tl.sum`` adds its lanes in a
-    fixed order, and no two programs write the same entry.
+
+@triton.jit
+def program_row(n, d, h, mask, out_depth, out_height):
+    """The output row (n * Do + d) * Ho + h, int64, of a program whose points are one output row, its first lane in
+    it: the plan of a walk that sums per row (:class:`.records.RowPartials`) takes patches one row high and deep,
+    the tricubic walk one row a program."""
+    # The same in every lane of the row; a lane past its end may be in the next row (flat numbering).
+    return tl.max(tl.where(mask, (n * out_depth + d) * out_height + h, 0), axis=0)
+
+
+@triton.jit
+def store_row_moments(partials, row, w, mask, gradient):
+    """Write this program's partial row moments of an affine field (:class:`.records.RowPartials`): the sums over
+    its points of their position gradient (``gradient`` = (x, y, z), float64) and of it times w, into the block of
+    column ``program_id(1)`` of their output ``row`` (:func:`program_row`).
+
+    ``tl.sum`` adds its lanes in a fixed order, and no two programs write the same entry.
     """
+    grad_x, grad_y, grad_z = gradient
     gx = tl.where(mask, grad_x, 0.0)
     gy = tl.where(mask, grad_y, 0.0)
     gz = tl.where(mask, grad_z, 0.0)
     columns = w.to(tl.float64)
-    # The same in every lane of the row; a lane past its end may be in the next row (flat numbering).
-    row = tl.max(tl.where(mask, (n * out_depth + d) * out_height + h, 0), axis=0)
-    at = moments.data + (row * moments.blocks + tl.program_id(1)) * 6
+    at = partials.moments + (row * partials.blocks + tl.program_id(1)) * 6
     tl.store(at, tl.sum(gx, axis=0))
     tl.store(at + 1, tl.sum(gy, axis=0))
     tl.store(at + 2, tl.sum(gz, axis=0))
     tl.store(at + 3, tl.sum(gx * columns, axis=0))
     tl.store(at + 4, tl.sum(gy * columns, axis=0))
     tl.store(at + 5, tl.sum(gz * columns, axis=0))
+
+
+@triton.jit
+def store_row_sums(partials, columns, row, w, mask, gradient):
+    """Write this program's partial row sums of a B-spline (:class:`.records.RowPartials`): for each control
+    column c of its window, the sum over its points of ``beta(t - c) g`` where c is in the point's support and
+    inside the grid (:func:`spline_support`; ``g`` = ``gradient``, (x, y, z), float64), into the block of column
+    ``program_id(1)`` of their output ``row`` (:func:`program_row`), components (dz, dy, dx).
+
+    Every entry of the window is written (0 where no point's support holds its column); ``tl.sum`` adds its lanes
+    in a fixed order, and no two programs write the same entry.
+    """
+    grad_x, grad_y, grad_z = gradient
+    lowest, weights, count = spline_support(columns, w, mask)
+    block = tl.program_id(1)
+    window = wide(partials.window)
+    first = tl.load(partials.firsts + block).to(tl.float64)
+    at = partials.sums + (row * partials.blocks + block) * 3 * window
+    for slot in range(0, window):
+        index = first + slot
+        # The support step m whose column is this one: exact, both are integers.
+        step = index - lowest
+        weight = tl.where(step == 0.0, weights[0], tl.where(step == 1.0, weights[1], weights[2]))
+        weight = tl.where(step == 3.0, weights[3], weight)
+        hit = mask & (step >= 0.0) & (step <= 3.0) & (index < count)
+        tl.store(at + slot, tl.sum(tl.where(hit, weight * grad_z, 0.0), axis=0))
+        tl.store(at + window + slot, tl.sum(tl.where(hit, weight * grad_y, 0.0), axis=0))
+        tl.store(at + 2 * window + slot, tl.sum(tl.where(hit, weight * grad_x, 0.0), axis=0))
 
 
 @triton.jit

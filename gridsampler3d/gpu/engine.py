@@ -14,7 +14,11 @@ tensor and its strides as one :class:`.records.Operand`, the sizes as one
 point order, :meth:`.sampling.Field.point_strides`) and write its gradient through its own
 strides. An affine field's kernels compute each point's position from its voxel matrix
 (:func:`.launch.field_matrix`); the backward walk reduces theta's gradient to partial row
-moments (:class:`.records.RowMoments`), summed here in float64 in a fixed order.
+moments (:class:`.records.RowPartials`), summed here in float64 in a fixed order. A B-spline's
+kernels read its row coefficients (:func:`.launch.spline_rows`) and sum each point's
+displacement; the walk reduces the control points' gradient to partial row sums, summed here
+over the blocks in order, then over the rows (:func:`gridsampler3d.bspline.control_gradient`),
+in float64: no (N, 3, Do, Ho, Wo) displacement or gradient is ever stored.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import importlib.util
 import torch
 
 from ..affine import matrix_gradient, theta_gradient
+from ..bspline import control_gradient
 from ..layout import memory_format_of
 from ..modes import Interpolation
 from ..problem import Gradient, Stage
@@ -42,12 +47,13 @@ from .launch import (
     kernels,
     launch_tuned,
     patch_grid,
+    row_windows,
     sizes_of,
     store_dtype,
     volume_operand,
 )
 from .planner import DxMethod, GpuCall, GpuPlan, make_plan
-from .records import RowMoments, constexpr_members
+from .records import RowPartials, constexpr_members
 
 __all__ = ["TritonBackend", "describe_call", "plan_call"]
 
@@ -159,7 +165,7 @@ class TritonBackend:
             deterministic = torch.are_deterministic_algorithms_enabled()
         plan = plan_call(Stage.BACKWARD, x, field, sampling, outputs=outputs, deterministic=deterministic)
         dfield = None
-        if outputs.dfield:
+        if outputs.dfield and not field.kind.spline:
             dfield = torch.empty_like(
                 field.tensor, dtype=store_dtype(field.tensor.dtype), memory_format=field.gradient_format()
             )
@@ -169,22 +175,24 @@ class TritonBackend:
         if plan.dx == DxMethod.ATOMIC:
             # Atomics add into a zeroed buffer of the sums' dtype (float32 for half types).
             dx = torch.zeros_like(x, dtype=getattr(torch, plan.dx_sums), memory_format=memory_format_of(x))
-        moments = None
+        partials = None
         with _on_device(x.device):
             matrix = field_matrix(field, x, sampling)
             if plan.walk:
-                moments = _backward_walk(plan, (grad, x, field, sampling, matrix), dx, dfield)
+                partials = _backward_walk(plan, (grad, x, field, sampling, matrix), dx, dfield)
             if plan.dx == DxMethod.GATHERED:
                 dx = gathered_dx(plan, grad, x, field, sampling, matrix)
             elif plan.dx == DxMethod.SORTED_TAPS:
                 dx = gathered_bicubic_dx(plan, grad, x, field, sampling, matrix)
-            dtheta = _theta_gradient(plan, moments, x, field, sampling)
+            if field.kind.spline:
+                dfield = _control_gradient(plan, partials, field)
+            dtheta = _theta_gradient(plan, partials, x, field, sampling)
         if plan.dx == DxMethod.ATOMIC:
             dx = dx.to(x.dtype)
         return Gradients(dx, dfield.to(field.tensor.dtype) if outputs.dfield else None, dtheta)
 
 
-def _theta_gradient(plan: GpuPlan, moments, x, field: Field, sampling: Sampling):
+def _theta_gradient(plan: GpuPlan, partials: RowPartials | None, x, field: Field, sampling: Sampling):
     """theta's gradient (N, 3, 4) in theta's dtype, rounded once: the walk's partial row moments summed over their
     column blocks and then over the rows in float64, in a fixed order (:mod:`gridsampler3d.affine`); zero where
     the plan says so (nearest); None where not asked for."""
@@ -192,10 +200,32 @@ def _theta_gradient(plan: GpuPlan, moments, x, field: Field, sampling: Sampling)
         return None
     if plan.passes.theta == Gradient.ZEROS:
         return torch.zeros_like(field.theta)
-    row_moments = moments.data.sum(dim=1)
+    row_moments = partials.moments.sum(dim=1)
     matrix_grad = matrix_gradient(row_moments, field.theta.shape[0], field.out_sizes)
     dtheta = theta_gradient(matrix_grad, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners)
     return round_once(dtheta, field.theta.dtype)
+
+
+def _control_gradient(plan: GpuPlan, partials: RowPartials | None, field: Field):
+    """A B-spline's control points' gradient (N, 3, Kd, Kh, Kw) in their dtype, rounded once: the walk's partial
+    row sums added over their column blocks in order (each block's window at its first column), then summed over
+    the rows in float64 (:func:`gridsampler3d.bspline.control_gradient`); zero where the plan says so (nearest);
+    None where not asked for."""
+    if plan.passes.field == Gradient.NONE:
+        return None
+    if plan.passes.field == Gradient.ZEROS:
+        return torch.zeros_like(field.tensor, memory_format=torch.contiguous_format)
+    batch, _, _, _, count = field.tensor.shape
+    out_depth, out_height, _ = field.out_sizes
+    sums = torch.zeros(partials.sums.shape[0], 3, count, dtype=torch.float64, device=partials.sums.device)
+    # The walk's windows, from the host (no copy back from the device): the plan fixes its shape for row sums.
+    firsts, window = row_windows(field, plan.tile.block_w)
+    for block, first in enumerate(firsts):
+        last = min(first + window, count)
+        sums[:, :, first:last] += partials.sums[:, block, :, : last - first]
+    row_sums = sums.view(batch, out_depth, out_height, 3, count).permute(0, 3, 1, 2, 4)
+    control = control_gradient(row_sums, field.tensor.shape[2:], field.out_sizes, field.parameters)
+    return round_once(control, field.tensor.dtype)
 
 
 def _forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operands: tuple) -> None:
@@ -232,23 +262,23 @@ def _bicubic_forward(plan: GpuPlan, x, field: Field, sampling: Sampling, operand
     )
 
 
-def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowMoments | None:
-    """The backward kernel's walk over the points: the field's gradient (``plan.passes.field``), an affine field's
-    partial row moments (``plan.passes.theta``, returned) and, with atomics, dx (``plan.dx``); ``call`` is (grad, x,
-    field, sampling, the field's voxel matrix or None). An output not written is handed over as a tensor of its
-    shape that nothing writes."""
+def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowPartials | None:
+    """The backward kernel's walk over the points: the field's gradient (``plan.passes.field``; a B-spline's as
+    partial row sums), an affine field's partial row moments (``plan.passes.theta``), both returned as
+    :class:`.records.RowPartials`, and, with atomics, dx (``plan.dx``); ``call`` is (grad, x, field, sampling, the
+    field's voxel matrix or None). An output not written is handed over as a tensor of its shape that nothing
+    writes."""
     _, backward, bicubic = kernels()
     grad, x, field, sampling, matrix = call
     want_dx, want_dfield = plan.dx == DxMethod.ATOMIC, plan.passes.field == Gradient.COMPUTED
     want_moments = plan.passes.theta == Gradient.COMPUTED
     dx_target = dx if want_dx else x
-    dfield_target = dfield if want_dfield else None
     operands = (
         volume_operand(grad),
         volume_operand(x),
         field_operand(field, matrix),
         volume_operand(dx_target),
-        field_operand(field, matrix, dfield_target),
+        field_operand(field, matrix, dfield if want_dfield else None),
     )
     constexprs = dict(
         RULE=kernel_rule(sampling, field.kind),
@@ -256,33 +286,46 @@ def _backward_walk(plan: GpuPlan, call: tuple, dx, dfield) -> RowMoments | None:
         OUTPUTS=constexpr_members(Outputs(want_dx, want_dfield, want_moments)),
         **fusion(x.dtype),
     )
-    out_depth, out_height, out_width = field.out_sizes
-    rows = x.shape[0] * out_depth * out_height
     found = []
 
-    def moments_for(tile) -> RowMoments:
-        """The moments' buffer for a launch of ``tile`` (every entry written), or a stand-in nothing writes."""
-        if not want_moments:
-            return RowMoments(x, 1)
-        blocks = -(-out_width // tile.block_w)
-        found[:] = [RowMoments(torch.empty((rows, blocks, 6), dtype=torch.float64, device=x.device), blocks)]
+    def partials_for(tile) -> RowPartials:
+        """The row partials' buffers for a launch of ``tile`` (every entry of those written is), stand-ins else."""
+        found[:] = [_row_partials(x, field, tile, want_moments, want_dfield and field.kind.spline)]
         return found[0]
 
     if plan.interpolation == Interpolation.BICUBIC:
         points, tile = field.points, plan.tile
-        # An affine field's programs take one output row each, so that their moments are a row's.
-        launch_grid = (rows, -(-out_width // tile.block_w)) if field.kind.affine else (-(-points // tile.block_w),)
+        out_width = field.out_sizes[2]
+        # An affine field's and a B-spline's programs take one output row each, so that their partial sums are a row's.
+        rows = field.points // out_width
+        row_programs = field.kind.affine or field.kind.spline
+        launch_grid = (rows, -(-out_width // tile.block_w)) if row_programs else (-(-points // tile.block_w),)
         bicubic.bicubic_bwd_kernel[launch_grid](
-            *operands, moments_for(tile), points, sizes_of(x, field), **constexprs, **tile.keywords()
+            *operands, partials_for(tile), points, sizes_of(x, field), **constexprs, **tile.keywords()
         )
-        return found[0] if found else None
+        return found[0]
 
     def launch(tile):
         if want_dx:
             dx.zero_()  # a timed launch has added into it
         backward.grid_sampler3d_bwd_kernel[patch_grid(x.shape[0], field.out_sizes, tile)](
-            *operands, moments_for(tile), sizes_of(x, field), **constexprs, **tile.keywords()
+            *operands, partials_for(tile), sizes_of(x, field), **constexprs, **tile.keywords()
         )
 
     launch_tuned("backward", plan, x, launch)
-    return found[0] if found else None
+    return found[0]
+
+
+def _row_partials(x, field: Field, tile, moments: bool, sums: bool) -> RowPartials:
+    """The :class:`.records.RowPartials` of a walk in programs of ``tile``: float64 buffers for theta's moments
+    where ``moments`` and a B-spline's row sums where ``sums``, each entry written by the walk; x stands in for a
+    buffer not written."""
+    out_width = field.out_sizes[2]
+    rows, blocks = field.points // out_width, -(-out_width // tile.block_w)
+    wide = dict(dtype=torch.float64, device=x.device)
+    moments_buffer = torch.empty((rows, blocks, 6), **wide) if moments else x
+    if not sums:
+        return RowPartials(moments_buffer, x, x, blocks, 1)
+    firsts, window = row_windows(field, tile.block_w)
+    firsts = torch.tensor(firsts, dtype=torch.int64, device=x.device)
+    return RowPartials(moments_buffer, torch.empty((rows, blocks, 3, window), **wide), firsts, blocks, window)

@@ -1,5 +1,5 @@
 """What every launch of the GPU engine shares: the kernel modules, the records the kernels take (:mod:`.records`),
-the kernels' constexprs, launch grids, tuning, an affine field's voxel matrix.
+the kernels' constexprs, launch grids, tuning, an affine field's voxel matrix, a B-spline's row coefficients.
 """
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
 import torch
 
 from ..affine import voxel_matrix
-from ..sampling import Field, FieldKind, Sampling
+from ..bspline import axis_table, row_coefficients
+from ..sampling import POINT_ORDER, Field, FieldKind, Sampling
 from . import autotune
 from .planner import GpuPlan
 from .records import FieldOperand, Operand, PointStrides, Rule, Sizes, VolumeStrides, constexpr_members
@@ -25,7 +27,9 @@ __all__ = [
     "kernels",
     "launch_tuned",
     "patch_grid",
+    "row_windows",
     "sizes_of",
+    "spline_rows",
     "store_dtype",
     "volume_operand",
 ]
@@ -71,7 +75,14 @@ def fusion(dtype: torch.dtype) -> dict:
 def kernel_rule(sampling: Sampling, field: FieldKind) -> Rule:
     """The kernels' constexpr ``RULE`` of the call's records (:func:`constexpr_members`)."""
     return constexpr_members(
-        Rule(int(sampling.interpolation), int(sampling.padding), bool(sampling.align_corners), int(field))
+        Rule(
+            int(sampling.interpolation),
+            int(sampling.padding),
+            bool(sampling.align_corners),
+            int(field),
+            field.affine,
+            field.spline,
+        )
     )
 
 
@@ -89,15 +100,48 @@ def field_matrix(field: Field, x, sampling: Sampling):
     return voxel_matrix(theta, tuple(x.shape[2:]), field.out_sizes, sampling.align_corners).reshape(-1, 12).contiguous()
 
 
+def spline_rows(field: Field) -> tuple:
+    """A B-spline's row coefficients V (N, 3, Do, Ho, Kw), float64 (:func:`gridsampler3d.bspline.row_coefficients`,
+    torch operations in a fixed order), and its control grid along w, (spacing, origin, Kw) float64, both on the
+    control points' device: what the kernels read in place of the control points. Kept in the field's ``derived``
+    for its backward."""
+    derived = field.derived
+    if "gpu spline rows" not in derived:
+        control_points = field.tensor.detach().to(torch.float64)
+        rows = row_coefficients(control_points, field.out_sizes, field.parameters).contiguous()
+        grid = (field.parameters[2], field.parameters[5], float(field.tensor.shape[4]))
+        derived["gpu spline rows"] = rows, torch.tensor(grid, dtype=torch.float64, device=rows.device)
+    return derived["gpu spline rows"]
+
+
 def field_operand(field: Field, matrix=None, tensor=None) -> FieldOperand:
     """The field's tensor (or ``tensor``, another of its shape: its gradient) as the kernels take it, strides in
     point order (:meth:`.sampling.Field.point_strides`), with an affine field's ``matrix`` (:func:`field_matrix`).
-    A field with no tensor (an affine alone) hands over its matrix in the tensor's place, with zero strides."""
+    A field with no tensor (an affine alone) hands over its matrix in the tensor's place, with zero strides; a
+    B-spline its row coefficients and control grid along w (:func:`spline_rows`)."""
+    if field.kind.spline:
+        rows, columns = spline_rows(field)
+        strides = PointStrides(*POINT_ORDER(rows.stride()))
+        return FieldOperand(rows, strides, rows if matrix is None else matrix, columns)
     tensor = field.tensor if tensor is None else tensor
     if tensor is None:
-        return FieldOperand(matrix, PointStrides(0, 0, 0, 0, 0), matrix)
+        return FieldOperand(matrix, PointStrides(0, 0, 0, 0, 0), matrix, matrix)
     strides = PointStrides(*field.point_strides(tensor.stride()))
-    return FieldOperand(tensor, strides, tensor if matrix is None else matrix)
+    stand_in = tensor if matrix is None else matrix
+    return FieldOperand(tensor, strides, stand_in, stand_in)
+
+
+def row_windows(field: Field, block_w: int) -> tuple[list, int]:
+    """(firsts, window) of a B-spline's partial row sums (:class:`.records.RowPartials`) for blocks of ``block_w``
+    output columns: each block's lowest control column inside the grid that its points' supports hold (the grid's
+    count where none), and the most columns any block's supports span (at least 1), from the table every engine
+    reads (:func:`gridsampler3d.bspline.axis_table`; the kernels compute the same supports)."""
+    count = field.tensor.shape[4]
+    table = axis_table(field.out_sizes[2], count, field.parameters[2], field.parameters[5])
+    starts = np.arange(0, field.out_sizes[2], block_w)
+    lowest = np.minimum.reduceat(np.where(table.valid, table.index, count).min(axis=1), starts)
+    highest = np.maximum.reduceat(np.where(table.valid, table.index, -1).max(axis=1), starts)
+    return lowest.tolist(), max(1, int((highest - lowest).max()) + 1)
 
 
 def sizes_of(x, field: Field) -> Sizes:

@@ -106,7 +106,8 @@ class GpuPlan:
     timed where ``gather_tuned``), summing buckets longer than
     ``chunk`` points in chunks of that many (:data:`DxMethod.GATHERED`), or sorting ``chunk``
     points' entries at a time (:data:`DxMethod.SORTED_TAPS`). ``sums`` is the precision of
-    the main kernel's sums, ``dx_sums`` that of dx's.
+    the main kernel's sums, ``dx_sums`` that of dx's. ``spline``: the field is a B-spline, whose
+    kernels read its row coefficients and whose gradient the walk sums per row.
     """
 
     stage: Stage
@@ -127,6 +128,7 @@ class GpuPlan:
     capability: tuple = (9, 0)
     capability_assumed: bool = False
     interpreted: bool = False
+    spline: bool = False
 
     def __str__(self) -> str:
         where = "Triton's interpreter" if self.interpreted else f"cuda sm_{self.capability[0]}{self.capability[1]}"
@@ -146,7 +148,11 @@ class GpuPlan:
                 {
                     Gradient.NONE: "",
                     Gradient.ZEROS: "field gradient zero",
-                    Gradient.COMPUTED: "field gradient in the walk over points",
+                    Gradient.COMPUTED: (
+                        "control points' gradient from the walk's row sums, summed in float64"
+                        if self.spline
+                        else "field gradient in the walk over points"
+                    ),
                 }[self.passes.field]
             )
             words.append(
@@ -271,6 +277,7 @@ def _forward_plan(call: GpuCall) -> GpuPlan:
         capability=call.capability,
         capability_assumed=call.capability_assumed,
         interpreted=call.interpreted,
+        spline=call.field.spline,
         tune_key=tune_key(call),
     )
     if interpolation == Interpolation.BICUBIC:
@@ -300,6 +307,7 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
         capability_assumed=call.capability_assumed,
         interpreted=call.interpreted,
         walk=dx == DxMethod.ATOMIC or in_walk,
+        spline=call.field.spline,
         tune_key=tune_key(call),
     )
     gather = _gather(call, dx)
@@ -309,22 +317,24 @@ def _backward_plan(call: GpuCall) -> GpuPlan:
             tile = dataclasses.replace(tile, block_c=1)  # the grid gradient summed channel by channel: bit for bit
         return GpuPlan(tile=tile, **gather, **common)
     candidates = _patch_candidates(call, 128 if channel_block(call) == 1 else 256)
-    if passes.theta == Gradient.COMPUTED:
-        # theta's row moments are a program's sums: patches of one row (coords.store_row_moments)
+    # theta's row moments and a B-spline's row sums are a program's sums: patches of one row
+    # (coords.store_row_moments, coords.store_row_sums)
+    row_sums = passes.theta == Gradient.COMPUTED or (call.field.spline and passes.field == Gradient.COMPUTED)
+    if row_sums:
         candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_h=1, block_d=1) for tile in candidates))
     if call.dtype == "float64":
         # the grid gradient summed channel by channel: PyTorch's order, bit for bit
         candidates = tuple(dict.fromkeys(dataclasses.replace(tile, block_c=1) for tile in candidates))
     # Tuned in the fast mode only, and there only where no reduction runs across the lanes
     # of a channel vector (whose order a shape could change): the grid gradient stays the
-    # same in both modes and from run to run. Theta's row moments are summed per block_w
-    # columns, so a theta gradient fixes the shape.
+    # same in both modes and from run to run. Row moments and row sums are summed per block_w
+    # columns, so they fix the shape.
     tuned = (
         call.autotune
         and dx == DxMethod.ATOMIC
         and len(candidates) > 1
         and (passes.field != Gradient.COMPUTED or candidates[0].block_c == 1)
-        and passes.theta != Gradient.COMPUTED
+        and not row_sums
     )
     return GpuPlan(tile=candidates[0], candidates=candidates, tuned=tuned, **gather, **common)
 

@@ -31,7 +31,7 @@ __all__ = [
     "FieldOperand",
     "Operand",
     "PointStrides",
-    "RowMoments",
+    "RowPartials",
     "Rule",
     "Sizes",
     "SortedRecords",
@@ -72,24 +72,37 @@ class Operand(NamedTuple):
 
 class FieldOperand(NamedTuple):
     """A field as the kernels read it, or its gradient as they write it: ``data`` (the grid or displacement, a torch
-    tensor at launch, a pointer inside the kernel) with its :class:`PointStrides`, and ``matrix``, an affine
-    field's voxel matrix (N, 12), float64 (:func:`gridsampler3d.affine.voxel_matrix`). A field without a tensor
-    (an affine alone) hands over the matrix as ``data`` with zero strides, and a field without a matrix its tensor
-    as ``matrix``: the kernels read only what ``RULE.field`` says the field has."""
+    tensor at launch, a pointer inside the kernel) with its :class:`PointStrides`; ``matrix``, an affine
+    field's voxel matrix (N, 12), float64 (:func:`gridsampler3d.affine.voxel_matrix`); and ``columns``, a
+    B-spline's control grid along the output's columns, (spacing, origin, count) float64. A B-spline hands over its
+    row coefficients (N, 3, Do, Ho, Kw) as ``data`` (:func:`.launch.spline_rows`), strides in point order (n, d,
+    h, control column, component). A field without a tensor (an affine alone) hands over the matrix as ``data``
+    with zero strides, and a field without a matrix or columns its tensor (or matrix) in their place: the kernels
+    read only what ``RULE`` says the field has."""
 
     data: Any
     strides: Any
     matrix: Any
+    columns: Any
 
 
-class RowMoments(NamedTuple):
-    """Where a backward walk writes an affine field's partial row moments: ``data`` (rows, ``blocks``, 6),
-    float64, rows numbered (n * Do + d) * Ho + h, one block per ``block_w`` output columns; a block's six are
-    ``sum g_i`` and ``sum g_i * w`` (i = x, y, z) over its points, ``g`` the loss's gradient with respect to a
-    point's position (:func:`gridsampler3d.affine.matrix_gradient` takes their sums over the blocks)."""
+class RowPartials(NamedTuple):
+    """Where a backward walk writes its partial sums per output row and block of ``block_w`` columns (rows numbered
+    (n * Do + d) * Ho + h, ``blocks`` blocks a row), each summed over the block's points in a fixed order; the
+    engine sums them over the blocks in order. ``g`` is the loss's gradient with respect to a point's position.
 
-    data: Any
+    ``moments`` (rows, blocks, 6) float64, an affine field's: ``sum g_i`` and ``sum g_i * w`` (i = x, y, z)
+    (:func:`gridsampler3d.affine.matrix_gradient` takes their sums over the blocks). ``sums`` (rows, blocks, 3,
+    ``window``) float64, a B-spline's row sums (:mod:`gridsampler3d.bspline`'s R, components (dz, dy, dx)) over the
+    block's points: entry j of block b is control column ``firsts[b] + j`` (``firsts`` (blocks,) int64, the lowest
+    column the block's supports hold inside the grid, :func:`.launch.row_windows`). A member not written is a
+    stand-in tensor."""
+
+    moments: Any
+    sums: Any
+    firsts: Any
     blocks: int
+    window: int
 
 
 class Sizes(NamedTuple):
@@ -117,12 +130,15 @@ class SortedRecords(NamedTuple):
 class Rule(NamedTuple):
     """A call's :class:`~gridsampler3d.sampling.Sampling` and field kind as the kernels read them, a constexpr:
     the codes of the interpolation, the padding and the field kind (:class:`~gridsampler3d.sampling.FieldKind`),
-    and ``align_corners``."""
+    ``align_corners``, and the kind's facts ``affine`` (it has a theta) and ``spline`` (its tensor is a
+    B-spline's control points, read as row coefficients)."""
 
     interpolation: int
     padding: int
     align_corners: bool
     field: int
+    affine: bool
+    spline: bool
 
 
 class Blocks(NamedTuple):
