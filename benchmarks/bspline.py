@@ -9,7 +9,9 @@ library's ``bspline_warp`` on the grid of SimpleITK's ``BSplineTransformInitiali
 - SimpleITK's resampler with the same transform and parameters (what TorchIO's
   ``RandomElasticDeformation`` runs, per channel), when SimpleITK is installed;
 - the explicit path in torch: the dense field from the control points by three matrix
-  products with the basis matrices (the fastest way found here), then ``F.grid_sample``.
+  products with the basis matrices (the fastest way found here), then ``F.grid_sample``
+  (:class:`gridsampler3d.tools.bench.dense.DenseBSpline`, the ``gridsampler3d bench``
+  cases' baseline).
 
 An FFD registration step (control points every ``--stride`` voxels, requiring grad, the
 moving image warped, MSE to a fixed image, backward): deepali's ``FreeFormDeformation``
@@ -42,42 +44,7 @@ import torch.nn.functional as F
 
 import gridsampler3d as gs
 from gridsampler3d import bspline
-
-
-def _basis(table, count: int) -> torch.Tensor:
-    """The dense (S, K) basis matrix of an axis table (float32), for the explicit path."""
-    size = table.index.shape[0]
-    basis = np.zeros((size, count))
-    for m in range(4):
-        rows = np.flatnonzero(table.valid[:, m])
-        basis[rows, table.index[rows, m]] = table.weight[rows, m]
-    return torch.from_numpy(basis).float()
-
-
-class Explicit:
-    """The explicit path: u = the control points times the three basis matrices, then ``F.grid_sample`` at the
-    normalised identity + u."""
-
-    def __init__(self, sizes, control_sizes, parameters, padding: str, align_corners: bool):
-        self.bases = [_basis(t, k) for t, k in zip(bspline.tables(sizes, control_sizes, parameters), control_sizes)]
-        depth, height, width = sizes
-        axes = [torch.arange(size, dtype=torch.float32) for size in (depth, height, width)]
-        zz, yy, xx = torch.meshgrid(*axes, indexing="ij")
-        self.identity = torch.stack([xx, yy, zz], dim=-1)[None]  # (1, D, H, W, 3): (x, y, z)
-        extents = torch.tensor([width, height, depth], dtype=torch.float32)
-        if align_corners:
-            self.scale, self.shift = 2 / (extents - 1), -torch.ones(3)
-        else:
-            self.scale, self.shift = 2 / extents, 1 / extents - 1
-        self.padding, self.align_corners = padding, align_corners
-
-    def __call__(self, volume, control_points):
-        basis_d, basis_h, basis_w = self.bases
-        u = torch.einsum("nkabc,wc->nkabw", control_points, basis_w)
-        u = torch.einsum("nkabw,hb->nkahw", u, basis_h)
-        u = torch.einsum("nkahw,da->nkdhw", u, basis_d)  # (N, 3, D, H, W): (dz, dy, dx)
-        grid = (self.identity + u.permute(0, 2, 3, 4, 1).flip(-1)) * self.scale + self.shift
-        return F.grid_sample(volume, grid, "bilinear", self.padding, self.align_corners)
+from gridsampler3d.tools.bench.dense import DenseBSpline
 
 
 def _medians(methods: dict, repeats: int, warmup: int = 1) -> dict:
@@ -109,7 +76,7 @@ def forward_methods(sizes, mesh: int, seed: int = 0) -> dict:
     parameters = np.random.default_rng(seed).uniform(-4, 4, 3 * (mesh + 3) ** 3)
     control_points = torch.from_numpy(bspline.simpleitk_control_points(parameters, control_sizes)).float()[None]
     methods = {"gridsampler3d": lambda: gs.bspline_warp(volume, control_points, spacing=spacing, origin=origin)}
-    explicit = Explicit(sizes, control_sizes, (*spacing, *origin), "zeros", False)
+    explicit = DenseBSpline(sizes, control_sizes, spacing, origin)
     methods["explicit (dense field)"] = lambda: explicit(volume, control_points)
     try:
         import SimpleITK as sitk
@@ -139,7 +106,7 @@ def step_methods(sizes, stride: int, seed: int = 0) -> dict:
         )
         F.mse_loss(warped, fixed).backward()
 
-    explicit = Explicit(sizes, control_sizes, (*spacing, *origin), "border", True)
+    explicit = DenseBSpline(sizes, control_sizes, spacing, origin, padding_mode="border", align_corners=True)
 
     def explicit_step():
         control_points.grad = None

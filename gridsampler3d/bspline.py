@@ -23,8 +23,9 @@ and its gradient with respect to ``C`` in the reverse one:
     R[n, k, d, h, c] = sum_w beta_w(c) g[n, k, d, h, w]                      (per row, in the kernels)
     dC = sum_d beta_d(a) sum_h beta_h(b) R                                   (:func:`control_gradient`)
 
-(the CPU engine sums ``R`` along h row by row as it goes, and hands the plane sums to
-:func:`plane_control_gradient`).
+(the CPU engine sums each output plane along h and w in its kernels, its trilinear backward
+along h first, and hands the plane sums to :func:`plane_control_gradient`'s sum along d;
+:mod:`gridsampler3d.cpu.spline`).
 
 ``g`` is the gradient of the loss with respect to the sampled position (in (dz, dy, dx)).
 Each sum runs over the support in a fixed order (``m = 0 .. 3`` forward; for the

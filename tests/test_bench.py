@@ -4,8 +4,10 @@ import json
 import math
 
 import pytest
+import torch
 from helpers import benchmark_script
 
+import gridsampler3d as gs
 from gridsampler3d.tools.bench.runner import _geomean
 
 
@@ -27,6 +29,32 @@ def test_warp_step_case_runs_and_reports_memory():
     assert set(result["step"]["peak_bytes"]) == {"torch", "ours"}
     assert any(line.startswith("warp128 step") for line in lines) and format_step(result) in lines
     assert "| warp128 |" in format_table(report) and math.isnan(report["summary"]["backward"]["geomean_ratio"])
+
+
+def test_bspline_cases_run_against_the_dense_field():
+    """bsmri and bsffd at a tiny scale: forward and step timed against the dense field in torch, peak memory read, a
+    table of their own; the baseline samples where bspline_warp does."""
+    from gridsampler3d.tools.bench.dense import DenseBSpline
+    from gridsampler3d.tools.bench.runner import format_step, format_table, run_suite
+    from gridsampler3d.tools.bench.suite import bspline_grid, build_inputs, select_cases
+
+    lines = []
+    report = run_suite("bsmri,bsffd", repeats=1, scale=0.1, echo=lines.append)
+    for result in report["results"]:
+        for stage in ("forward", "step"):
+            assert result[stage]["ratio"] > 0 and result[stage]["ours"]["median_s"] > 0
+        assert set(result["step"]["peak_bytes"]) == {"torch", "ours"} and format_step(result) in lines
+    assert "| B-spline case |" in format_table(report) and "| bsffd |" in format_table(report)
+    for case in select_cases("bsmri,bsffd"):
+        (_, volume, control_points), _ = build_inputs(case, scale=0.1)
+        size = tuple(volume.shape[2:])
+        control_sizes, spacing, origin = bspline_grid(case, size)
+        assert tuple(control_points.shape[2:]) == tuple(control_sizes)
+        sampling = dict(mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners)
+        dense = DenseBSpline(size, control_sizes, spacing, origin, dtype=torch.float64, **sampling)
+        volume, control_points = volume.double(), control_points.double()
+        ours = gs.bspline_warp(volume, control_points, spacing=spacing, origin=origin, **sampling)
+        torch.testing.assert_close(dense(volume, control_points), ours, rtol=0, atol=1e-9)
 
 
 def test_explain_prints_each_cases_plans_under_its_times():

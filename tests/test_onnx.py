@@ -234,13 +234,15 @@ def test_patched_model_exports(dynamo, tmp_path):
 
 
 @pytest.mark.parametrize("dynamo", EXPORTERS)
-@pytest.mark.parametrize("function", ["grid_sample", "Warp3d"])
+@pytest.mark.parametrize("function", ["grid_sample", "Warp3d", "BSplineWarp3d"])
 def test_bicubic_is_refused(function, dynamo, tmp_path):
     _, x, grid = make_case(1, 1, (3, 4, 5), (2, 2, 2), torch.float32)
     if function == "grid_sample":
         model, inputs = Sampler(gs.grid_sample, [("bicubic",)]), (x, grid)
-    else:
+    elif function == "Warp3d":
         model, inputs = gs.Warp3d(mode="bicubic"), (x, torch.zeros(1, 3, 3, 4, 5))
+    else:
+        model, inputs = gs.BSplineWarp3d(mode="bicubic"), (x, torch.zeros(1, 3, 4, 4, 4))
     with pytest.raises(
         torch.onnx.OnnxExporterError,
         match=r"mode='bicubic'.*cannot be exported to ONNX.*"
@@ -323,3 +325,47 @@ def test_affine_warp_exports_as_affine_grid_and_grid_sample_with_dynamic_sizes(d
             ("affine", "affine+displacement"), run(tmp_path / "model.onnx", inputs), model(*inputs)
         ):
             assert_matches(f"{label} {size}", got, expected)
+
+
+class BSplineRegistration(torch.nn.Module):
+    """The B-spline field alone (the volume's size, default grid) and with theta (an output size of its own, a
+    non-integer spacing and origin)."""
+
+    def forward(self, volume, control_points, theta):
+        return (
+            gs.bspline_warp(volume, control_points, padding_mode="border", align_corners=False),
+            gs.bspline_warp(
+                volume,
+                control_points,
+                (4, 5, 3),
+                spacing=(1.3, 1.7, 0.9),
+                origin=(-1.1, -2.4, -0.6),
+                theta=theta,
+                padding_mode="zeros",
+                align_corners=True,
+            ),
+        )
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_bspline_warp_exports_as_a_dense_field_and_grid_sample(dynamo, tmp_path):
+    """The field by standard operators (gathers and products over the support), then GridSample-20: onnxruntime
+    within TOLERANCE of the model. The support tables are the traced sizes': the model keeps them."""
+    generator = torch.Generator().manual_seed(11)
+    volume = torch.randn(2, 2, 5, 6, 7, generator=generator)
+    control_points = 1.5 * torch.randn(2, 3, 5, 6, 4, generator=generator)
+    theta = torch.eye(3, 4).repeat(2, 1, 1) + 0.2 * torch.randn(2, 3, 4, generator=generator)
+    model = BSplineRegistration()
+    exported = export(model, (volume, control_points, theta), tmp_path / "model.onnx", dynamo)
+    assert_standard_graph(exported, grid_samples=2)
+    for seed in (12, 13):  # other values through the same graph
+        generator = torch.Generator().manual_seed(seed)
+        inputs = (
+            torch.randn(2, 2, 5, 6, 7, generator=generator),
+            1.5 * torch.randn(2, 3, 5, 6, 4, generator=generator),
+            torch.eye(3, 4).repeat(2, 1, 1) + 0.2 * torch.randn(2, 3, 4, generator=generator),
+        )
+        for label, got, expected in zip(
+            ("bspline", "bspline+theta"), run(tmp_path / "model.onnx", inputs), model(*inputs)
+        ):
+            assert_matches(f"{label} seed {seed}", got, expected)

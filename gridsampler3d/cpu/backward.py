@@ -49,7 +49,7 @@ from .records import (
     Rule,
     kernel_rule,
 )
-from .spline import add_run_sums, coefficient_entries, columns_at, fill_row, fold_row
+from .spline import add_plane_sums, coefficient_entries, fill_row, fold_plane, plane_entries
 from .tuning import BLOCK, VECTOR_CHANNELS
 
 
@@ -62,8 +62,9 @@ class _Scratch(NamedTuple):
     the grid gradient's sums (1 per point); ``terms`` one point's 3 terms per channel;
     ``offsets`` the taps' offsets in x (8 per point); ``taps`` the taps in the part's
     slab (1 per point); ``zeroed`` the run of dx planes zeroed so far (2 entries, see
-    :func:`zero_reached`); ``coefficients`` and ``row_sums`` a B-spline's row coefficients
-    and the row's sums of the gradient (:mod:`.spline`).
+    :func:`zero_reached`); ``coefficients`` a B-spline's row coefficients, ``plane_sums``
+    its plane's sums of the gradient and ``row_sums`` one control row's of them summed along
+    w (:mod:`.spline`).
     """
 
     cells: Cells
@@ -77,6 +78,7 @@ class _Scratch(NamedTuple):
     taps: np.ndarray
     zeroed: np.ndarray
     coefficients: np.ndarray
+    plane_sums: np.ndarray
     row_sums: np.ndarray
 
 
@@ -84,6 +86,7 @@ def _scratch(parts: int, operands, geometry, *rest, spline: bool = False):
     """(:class:`_Scratch`,): a backward pass's scratch, one row per part; ``spline``: the field is a B-spline's."""
     reals = [part_rows(parts, entries * BLOCK) for entries in (8, 12, 1, 1, 1)]
     row = coefficient_entries(operands[5]) if spline else 0  # operands' matrix: the field's constants
+    plane = plane_entries(operands[5]) if spline else 0
     return (
         _Scratch(
             scratch_cells(parts, multipliers=True),
@@ -93,6 +96,7 @@ def _scratch(parts: int, operands, geometry, *rest, spline: bool = False):
             part_rows(parts, BLOCK, np.int64),
             part_rows(parts, 2, np.int64),
             part_rows(parts, row),
+            part_rows(parts, plane),
             part_rows(parts, row),
         ),
     )
@@ -126,6 +130,7 @@ def _part_scratch(scratch, part):
         borrowed(scratch.taps)[part],
         borrowed(scratch.zeroed)[part],
         borrowed(scratch.coefficients)[part],
+        borrowed(scratch.plane_sums)[part],
         borrowed(scratch.row_sums)[part],
     )
 
@@ -307,7 +312,7 @@ def backward_kernel(
         for row in range(parts[part, 2], parts[part, 3]):
             at = _row_place(ops, geometry, field_code, row, planes, ranges, outputs, 1 if nearest else 2)
             n, do_dx = at.n, at.do_dx
-            if spline and (do_dx or at.do_dfield):  # the row's coefficients; its sums from zero
+            if spline and (do_dx or at.do_dfield):  # the row's coefficients; a plane's sums from zero
                 grid = ops.grid
                 plane = n * grid.strides[0] + at.d * grid.strides[1] - 2 * grid.strides[4]
                 fill_row(
@@ -320,7 +325,8 @@ def backward_kernel(
                     at.h,
                     work.coefficients,
                 )
-                work.row_sums[:] = 0.0
+                if at.h == 0 or row == parts[part, 2]:
+                    work.plane_sums[:] = 0.0
             for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
                 points = Points(
                     at.field_at + start * ops.grid.strides[3],
@@ -416,18 +422,20 @@ def backward_kernel(
                     _scatter(
                         points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels, work
                     )
-            if spline and at.do_dfield and (carried.mode == CarryMode.WHOLE or carried.mode == CarryMode.LAST):
-                # The row's sums into its (n, d) plane's, along h: the rows of a plane are one part's, in order.
+            last_row = at.h == geometry.out_sizes[1] - 1 or row == parts[part, 3] - 1
+            final = carried.mode == CarryMode.WHOLE or carried.mode == CarryMode.LAST
+            if spline and at.do_dfield and final and last_row:
+                # The plane's sums along w into its (n, d) plane of dT: a plane's rows are one part's, in order.
                 dgrid = ops.dgrid
                 plane = n * dgrid.strides[0] + at.d * dgrid.strides[1] - 2 * dgrid.strides[4]
-                fold_row(
+                fold_plane(
                     dgrid.data,
                     plane,
                     dgrid.strides[2],
                     dgrid.strides[3],
                     dgrid.strides[4],
                     ops.matrix,
-                    at.h,
+                    work.plane_sums,
                     work.row_sums,
                 )
         if outputs.dx:  # the planes no point reached
@@ -607,7 +615,7 @@ def _store_sums(count, ops, geometry, rule, place, carry, work, sums):
             return
     if is_spline(rule.field):
         if dgrid.data.size:
-            _add_spline_sums(count, ops, place, zeros, work, sums)
+            _add_spline_sums(count, ops, place, place.row % geometry.out_sizes[1], zeros, work, sums)
         return
     at, step, component = place.dfield_at, dgrid.strides[3], dgrid.strides[4]
     if rule.field != GRID and step == 1:
@@ -631,10 +639,10 @@ def _store_sums(count, ops, geometry, rule, place, carry, work, sums):
 
 
 @helper
-def _add_spline_sums(count, ops, place, zeros, work, sums):
-    """A B-spline's row sums (``work.row_sums``, laid out as its row coefficients) gain this block's points, in
-    order: each point's gradient with respect to its position ``g`` (as :func:`_add_moments` takes it) times its
-    column's support weights (:func:`.spline.add_run_sums`)."""
+def _add_spline_sums(count, ops, place, h, zeros, work, sums):
+    """A B-spline's plane sums (``work.plane_sums``) gain this block's points of row h: each point's gradient with
+    respect to its position ``g`` (as :func:`_add_moments` takes it) times its row's support weights along h
+    (:func:`.spline.add_plane_sums`)."""
     grad_x, grad_y, grad_z = sums
     cells = work.cells
     if not zeros:  # the multipliers, in place: the sums are not read again
@@ -644,7 +652,7 @@ def _add_spline_sums(count, ops, place, zeros, work, sums):
             grad_y[i] *= cells.my[i]
         for i in range(count):
             grad_z[i] *= cells.mz[i]
-    add_run_sums(work.row_sums, columns_at(ops.matrix), place.start, count, grad_x, grad_y, grad_z)
+    add_plane_sums(work.plane_sums, ops.matrix, h, place.start, count, grad_x, grad_y, grad_z)
 
 
 @helper

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..affine import axes as affine_axes
-from ..bspline import plane_control_gradient
 from ..dtypes import CPU_KERNEL_DTYPES, HALF_DTYPES, cpu_kernel_dtype
 from ..layout import memory_format_of
 from ..rounding import round_once
@@ -376,9 +375,7 @@ def _execute_backward(plan: Plan, grad, x, field: Field, sampling: Sampling, out
     if outputs.dx and dx.dtype != dtype:
         dx = _rounded(dx, dtype, layout)
     if outputs.dfield and field.kind.spline:  # the zero row and column gathered what the grid leaves out
-        sums = dfield[:, :, :, :-1, :-1]
-        control = plane_control_gradient(sums, field.tensor.shape[2:], field.out_sizes, field.parameters)
-        dfield = round_once(control, field.tensor.dtype)
+        dfield = round_once(spline.plane_gradient(dfield, field), field.tensor.dtype)
     elif outputs.dfield and dfield.dtype != dtype:
         dfield = _rounded(dfield, dtype, memory_format_of(dfield))
     dtheta = None

@@ -16,8 +16,9 @@ import torch
 
 from ... import __version__, affine, api
 from ...modes import parse_interpolation, parse_padding
-from ...nn import Warp3d, affine_warp
-from .suite import BenchCase, build_inputs, select_cases
+from ...nn import Warp3d, affine_warp, bspline_warp
+from .dense import DenseBSpline
+from .suite import BenchCase, bspline_grid, build_inputs, select_cases
 
 __all__ = [
     "run_suite",
@@ -245,11 +246,58 @@ def _bench_affine_case(case: BenchCase, device: str, repeats: int, scale: float)
     return result
 
 
+def _bench_bspline_case(case: BenchCase, device: str, repeats: int, scale: float) -> dict:
+    """The B-spline field against its dense field in torch then ``F.grid_sample`` (:class:`.dense.DenseBSpline`): the
+    forward (no gradient), and a registration step: the MSE to a fixed image, its gradient to the control points."""
+    (grad, volume, control_points), _ = build_inputs(case, device, scale)
+    size = tuple(grad.shape[2:])
+    control_sizes, spacing, origin = bspline_grid(case, size)
+    sampling = dict(mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners)
+    dense = DenseBSpline(size, control_sizes, spacing, origin, dtype=volume.dtype, **sampling)
+    if device != "cpu":
+        dense.bases = [basis.to(device) for basis in dense.bases]
+        dense.identity, dense.scale, dense.shift = (t.to(device) for t in (dense.identity, dense.scale, dense.shift))
+    fixed = grad  # a fixed image of the output's shape
+
+    def fused(v, c):
+        return bspline_warp(v, c, size, spacing=spacing, origin=origin, **sampling)
+
+    leaf = control_points.clone().requires_grad_()
+
+    def step(function):
+        def run():
+            return torch.autograd.grad(torch.nn.functional.mse_loss(function(volume, leaf), fixed), leaf)
+
+        return run
+
+    def forward(function):
+        def run():
+            with torch.no_grad():
+                return function(volume, control_points)
+
+        return run
+
+    result = {"case": case.describe(), "in_size": volume.shape[2]}
+    for stage, make in (("forward", forward), ("step", step)):
+        torch_time = time_call(make(dense), device, repeats=repeats)
+        our_time = time_call(make(fused), device, repeats=repeats)
+        result[stage] = {"torch": torch_time, "ours": our_time, "ratio": torch_time["median_s"] / our_time["median_s"]}
+    result["backward"] = result["step"]
+    if device == "cpu":
+        result["step"]["peak_bytes"] = {"torch": peak_memory(step(dense)), "ours": peak_memory(step(fused))}
+    return result
+
+
 def _plans(case: BenchCase, device: str, scale: float) -> dict:
     """The engine's plan for the case's forward and backward on ``device`` (:func:`gridsampler3d.explain`), as text."""
     (grad, x, field), _ = build_inputs(case, device, scale)
+    extra = {}
     if case.baseline == "affine":
         field, kind = field.to(x.dtype), "affine"
+    elif case.baseline == "dense":
+        field, kind = field.to(x.dtype), "bspline"
+        _, spacing, origin = bspline_grid(case, tuple(grad.shape[2:]))
+        extra = dict(size=tuple(grad.shape[2:]), spacing=spacing, origin=origin)
     else:
         kind = "displacement" if case.baseline == "plumbing" else "grid"
     attributes = dict(
@@ -258,6 +306,7 @@ def _plans(case: BenchCase, device: str, scale: float) -> dict:
         align_corners=case.align_corners,
         data_format=case.layout,
         field_kind=kind,
+        **extra,
     )
     return {
         "forward": str(api.explain(x, field, **attributes)),
@@ -270,6 +319,8 @@ def _bench_case(case: BenchCase, device: str, backend: str, repeats: int, scale:
         return _bench_warp_case(case, device, repeats, scale)
     if case.baseline == "affine":
         return _bench_affine_case(case, device, repeats, scale)
+    if case.baseline == "dense":
+        return _bench_bspline_case(case, device, repeats, scale)
     (grad, x, grid), (grad_ncdhw, x_ncdhw) = build_inputs(case, device, scale)
     codes = (int(parse_interpolation(case.mode)), int(parse_padding(case.padding)), case.align_corners)
     attributes = dict(
@@ -348,7 +399,7 @@ def run_suite(
             f"(lowest: {summary['forward']['min_ratio']:.2f}x / {summary['backward']['min_ratio']:.2f}x)"
         )
     for result in results:
-        if result["case"]["baseline"] in ("plumbing", "affine"):
+        if result["case"]["baseline"] in ("plumbing", "affine", "dense"):
             echo(format_step(result))
     if any(r["case"]["baseline"] == "bilinear" for r in results):
         echo(
@@ -377,12 +428,17 @@ def format_step(result: dict) -> str:
     and any displacement), and its peak memory, PyTorch's against ours."""
     step = result["step"]
     peaks = step.get("peak_bytes", {})
-    what = (
-        "Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + backward to volume and displacement"
-        if result["case"]["baseline"] == "plumbing"
-        else "affine_warp against F.affine_grid + F.grid_sample, MSE to a fixed image, gradient to theta"
-        + (" and displacement" if "displacement" in result["case"]["grid_kind"] else "")
-    )
+    baseline = result["case"]["baseline"]
+    if baseline == "plumbing":
+        what = "Warp3d against PyTorch's grid plumbing + F.grid_sample, forward + backward to volume and displacement"
+    elif baseline == "dense":
+        what = (
+            "bspline_warp against the dense field + F.grid_sample, MSE to a fixed image, gradient to the control points"
+        )
+    else:
+        what = "affine_warp against F.affine_grid + F.grid_sample, MSE to a fixed image, gradient to theta" + (
+            " and displacement" if "displacement" in result["case"]["grid_kind"] else ""
+        )
     return (
         f"{result['case']['name']} step ({what}): {step['torch']['median_s'] * 1e3:.1f} ms / "
         f"{step['ours']['median_s'] * 1e3:.1f} ms = {step['ratio']:.2f}x; peak memory "
@@ -403,6 +459,7 @@ def format_row(result: dict) -> str:
         "bilinear": "  (vs our bilinear)",
         "plumbing": "  (Warp3d vs plumbing + grid_sample)",
         "affine": "  (affine_warp vs affine_grid + grid_sample; backward: the step)",
+        "dense": "  (bspline_warp vs dense field + grid_sample; backward: the step)",
     }[result["case"]["baseline"]]
     return (
         f"{result['case']['name']:<8} {forward['torch']['median_s'] * 1e3:8.1f}ms "
@@ -426,7 +483,7 @@ def _markdown_rows(results) -> list[str]:
 
 def format_table(report: dict) -> str:
     """The report as Markdown tables (``--markdown``, BENCHMARKS.md): cases against PyTorch, then bicubic against
-    bilinear, then the warp step, then the affine field."""
+    bilinear, then the warp step, then the affine field, then the B-spline field."""
     against_torch = [r for r in report["results"] if r["case"]["baseline"] == "torch"]
     bicubic = [r for r in report["results"] if r["case"]["baseline"] == "bilinear"]
     warps = [r for r in report["results"] if r["case"]["baseline"] == "plumbing"]
@@ -463,15 +520,19 @@ def format_table(report: dict) -> str:
                 f" | {step['ratio']:.2f}x | {_megabytes(peaks.get('torch'))} / "
                 f"{_megabytes(peaks.get('ours'))} |"
             )
-    affines = [r for r in report["results"] if r["case"]["baseline"] == "affine"]
-    if affines:
+    for baseline, header, ours in (
+        ("affine", "| affine case | forward affine_grid + grid_sample", "affine_warp"),
+        ("dense", "| B-spline case | forward dense field + grid_sample", "bspline_warp"),
+    ):
+        fields = [r for r in report["results"] if r["case"]["baseline"] == baseline]
+        if not fields:
+            continue
         lines += [
             "" if lines else None,
-            "| affine case | forward affine_grid + grid_sample | forward affine_warp | ratio "
-            "| step PyTorch | step affine_warp | ratio | step peak MB PyTorch / ours |",
+            f"{header} | forward {ours} | ratio | step PyTorch | step {ours} | ratio | step peak MB PyTorch / ours |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for result in affines:
+        for result in fields:
             forward, step = result["forward"], result["step"]
             peaks = step.get("peak_bytes", {})
             lines.append(

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ... import bspline
 from .. import inputs
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "WARP_SUITE",
     "AFFINE_SUITE",
     "BICUBIC_SUITE",
+    "BSPLINE_SUITE",
+    "bspline_grid",
     "select_cases",
     "build_inputs",
     "affine_theta",
@@ -32,7 +35,9 @@ class BenchCase:
     out_size: int | tuple
     # warp | affine | uniform | identity | wide (uniform in [-3, 3]: most points clipped) |
     # displacement (a smooth field of a few voxels, for the fused warp: no grid) |
-    # theta (an affine theta, for the affine field: no grid) | theta+displacement (and a displacement)
+    # theta (an affine theta, for the affine field: no grid) | theta+displacement (and a displacement) |
+    # mesh4 (a B-spline's control points on SimpleITK's grid of 4 intervals, 7 points per axis, up to 4 voxels) |
+    # stride5 (control points every 5 voxels, on deepali's grid, about a voxel)
     grid_kind: str
     mode: str
     padding: str
@@ -42,8 +47,9 @@ class BenchCase:
     # What the case is timed against: PyTorch's op; or (for bicubic, which PyTorch lacks
     # in 3-D) this library's own bilinear sampling on the same inputs; or (for the fused
     # warp) PyTorch's registration step: grid plumbing plus F.grid_sample, under autograd;
-    # or (for the affine field) F.affine_grid plus F.grid_sample, under autograd.
-    baseline: str = "torch"  # torch | bilinear | plumbing | affine
+    # or (for the affine field) F.affine_grid plus F.grid_sample, under autograd; or (for the B-spline
+    # field) the dense field in torch then F.grid_sample (tools/bench/dense.py), under autograd.
+    baseline: str = "torch"  # torch | bilinear | plumbing | affine | dense
 
     def describe(self) -> dict:
         return asdict(self)
@@ -104,6 +110,40 @@ AFFINE_SUITE = (
         "affdisp128", 1, 1, 128, 128, "theta+displacement", "bilinear", "border", False, "float32", "NCDHW", "affine"
     ),
 )
+# The B-spline field against its dense field in torch then F.grid_sample, on an MRI volume: the forward of an
+# elastic augmentation (TorchIO's RandomElasticDeformation: SimpleITK's grid, 7 points per axis), and a free-form
+# deformation registration step (control points every 5 voxels requiring grad, MSE to a fixed image; deepali's grid
+# and its border padding with align_corners). benchmarks/bspline.py times both against SimpleITK and deepali too.
+BSPLINE_SUITE = (
+    BenchCase(
+        "bsmri",
+        1,
+        1,
+        (160, 192, 224),
+        (160, 192, 224),
+        "mesh4",
+        "bilinear",
+        "zeros",
+        False,
+        "float32",
+        "NCDHW",
+        "dense",
+    ),
+    BenchCase(
+        "bsffd",
+        1,
+        1,
+        (160, 192, 224),
+        (160, 192, 224),
+        "stride5",
+        "bilinear",
+        "border",
+        True,
+        "float32",
+        "NCDHW",
+        "dense",
+    ),
+)
 # Tricubic sampling against this library's bilinear at equal size (64 taps against 8).
 BICUBIC_SUITE = (
     BenchCase("cubic64", 1, 4, 64, 64, "warp", "bicubic", "zeros", False, "float32", "NCDHW", "bilinear"),
@@ -112,13 +152,13 @@ BICUBIC_SUITE = (
 
 
 def select_cases(names=None) -> list[BenchCase]:
-    """The suite (PyTorch cases, the warp step, the affine field, then bicubic ones), or the cases named (a list or
-    a comma-separated string)."""
+    """The suite (PyTorch cases, the warp step, the affine field, the B-spline field, then bicubic ones), or the cases
+    named (a list or a comma-separated string)."""
     if not names:
-        return list(SUITE + WARP_SUITE + AFFINE_SUITE + BICUBIC_SUITE)
+        return list(SUITE + WARP_SUITE + AFFINE_SUITE + BSPLINE_SUITE + BICUBIC_SUITE)
     if isinstance(names, str):
         names = [name.strip() for name in names.split(",") if name.strip()]
-    by_name = {case.name: case for case in SUITE + WARP_SUITE + AFFINE_SUITE + BICUBIC_SUITE}
+    by_name = {case.name: case for case in SUITE + WARP_SUITE + AFFINE_SUITE + BSPLINE_SUITE + BICUBIC_SUITE}
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"unknown benchmark case(s) {', '.join(unknown)}; known: {', '.join(by_name)}")
@@ -139,7 +179,20 @@ def affine_theta(batch: int, seed: int = 2, strength: float = 0.1) -> torch.Tens
     )
 
 
+def bspline_grid(case: BenchCase, out_size: tuple) -> tuple:
+    """(control sizes, spacing, origin) of a B-spline case's control grid on an output of ``out_size``."""
+    if case.grid_kind == "mesh4":
+        return ((4 + 3,) * 3, *bspline.simpleitk_grid(out_size, (4,) * 3))
+    return bspline.deepali_grid(out_size, 5)
+
+
 def _grid(case: BenchCase, out_size: tuple) -> torch.Tensor:
+    if case.grid_kind in ("mesh4", "stride5"):  # control points (N, 3, Kd, Kh, Kw) in voxels
+        control_sizes = bspline_grid(case, out_size)[0]
+        generator = torch.Generator().manual_seed(5)
+        if case.grid_kind == "mesh4":
+            return 4 * (torch.rand(case.batch, 3, *control_sizes, generator=generator, dtype=torch.float64) * 2 - 1)
+        return torch.randn(case.batch, 3, *control_sizes, generator=generator, dtype=torch.float64)
     if case.grid_kind in ("theta", "theta+displacement"):  # the displacement, if any, comes with the inputs
         return affine_theta(case.batch)
     if case.grid_kind == "displacement":  # (N, 3, D, H, W) in voxels: about 2 typical, 7 at most at 128³
@@ -164,7 +217,8 @@ def build_inputs(case: BenchCase, device="cpu", scale: float = 1.0):
     """Inputs of ``case``: ``(grad, x, grid)`` in the case's layout, and PyTorch's NCDHW views of them.
 
     For a displacement case the "grid" is the displacement (N, 3, D, H, W) in voxels; for an
-    affine case, theta (N, 3, 4).
+    affine case, theta (N, 3, 4); for a B-spline case, the control points (N, 3, Kd, Kh, Kw) in
+    voxels (their grid: :func:`bspline_grid`).
 
     Returns ``((grad, x, grid), (grad_ncdhw, x_ncdhw))``; for NDHWC the NCDHW views are
     channels-last strided, which is how PyTorch itself takes channels-last data.
