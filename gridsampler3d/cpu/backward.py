@@ -308,25 +308,11 @@ def backward_kernel(
         planes = (parts[part, 0], parts[part, 1], parts[0, 2])  # this part's planes; the carry's first row
         work.zeroed[0], work.zeroed[1] = planes[0], planes[0]  # the run of this part's dx planes zeroed so far
         unresolved[part] = 0
-        x_spatial, dx_spatial = ops.x.strides[2:], ops.dx.strides[2:]
         for row in range(parts[part, 2], parts[part, 3]):
             at = _row_place(ops, geometry, field_code, row, planes, ranges, outputs, 1 if nearest else 2)
             n, do_dx = at.n, at.do_dx
             if spline and (do_dx or at.do_dfield):  # the row's coefficients; a plane's sums from zero
-                grid = ops.grid
-                plane = n * grid.strides[0] + at.d * grid.strides[1] - 2 * grid.strides[4]
-                fill_row(
-                    grid.data,
-                    plane,
-                    grid.strides[2],
-                    grid.strides[3],
-                    grid.strides[4],
-                    ops.matrix,
-                    at.h,
-                    work.coefficients,
-                )
-                if at.h == 0 or row == parts[part, 2]:
-                    work.plane_sums[:] = 0.0
+                _start_spline_row(ops, at, row == parts[part, 2], work)
             for start in range(0, geometry.out_sizes[2] if do_dx or at.do_dfield else 0, BLOCK):
                 points = Points(
                     at.field_at + start * ops.grid.strides[3],
@@ -348,10 +334,7 @@ def backward_kernel(
                 # Each choice below is made by the kernel's constants, so that each kernel
                 # compiles only its own path (docs/cpu.md, "Compilation").
                 # The field's values: a B-spline's row coefficients (by the kernel's constant: one array type).
-                if spline:
-                    values = work.coefficients
-                else:
-                    values = ops.grid.data
+                values = work.coefficients if spline else ops.grid.data
                 if nearest:
                     if not _nearest_block(ops, values, geometry, rule, points, origin, place, do_dx, work):
                         unresolved[part] = 1
@@ -364,8 +347,8 @@ def backward_kernel(
                     geometry.sizes,
                     rule,
                     origin,
-                    x_spatial,
-                    dx_spatial,
+                    ops.x.strides[2:],
+                    ops.dx.strides[2:],
                     work.cells,
                     True,
                 ):
@@ -384,7 +367,7 @@ def backward_kernel(
                         place.z_hi,
                     )
                 if at.do_dfield:
-                    masked_offsets(points.count, work.cells.corner, work.cells.inside, x_spatial, work.offsets)
+                    masked_offsets(points.count, work.cells.corner, work.cells.inside, ops.x.strides[2:], work.offsets)
                     sums = (work.grad_x, work.grad_y, work.grad_z)
                     _start_sums(points.count, carried, place.carry_at, sums)
                     if pytorch_terms:
@@ -422,22 +405,8 @@ def backward_kernel(
                     _scatter(
                         points.count, ops.dx, n * ops.dx.strides[0], ops.grad, place.grad_at, geometry.channels, work
                     )
-            last_row = at.h == geometry.out_sizes[1] - 1 or row == parts[part, 3] - 1
-            final = carried.mode == CarryMode.WHOLE or carried.mode == CarryMode.LAST
-            if spline and at.do_dfield and final and last_row:
-                # The plane's sums along w into its (n, d) plane of dT: a plane's rows are one part's, in order.
-                dgrid = ops.dgrid
-                plane = n * dgrid.strides[0] + at.d * dgrid.strides[1] - 2 * dgrid.strides[4]
-                fold_plane(
-                    dgrid.data,
-                    plane,
-                    dgrid.strides[2],
-                    dgrid.strides[3],
-                    dgrid.strides[4],
-                    ops.matrix,
-                    work.plane_sums,
-                    work.row_sums,
-                )
+            if spline and at.do_dfield and (carried.mode == CarryMode.WHOLE or carried.mode == CarryMode.LAST):
+                _end_spline_row(ops, geometry, at, row == parts[part, 3] - 1, work)
         if outputs.dx:  # the planes no point reached
             zero_reached(
                 ops.dx, geometry, work.zeroed, (0, work.cells.lowest, work.taps, 1), True, 0, planes[0], planes[1]
@@ -445,6 +414,36 @@ def backward_kernel(
 
     label(kernel, "backward", sampling, field, channels_last, exact_remainder)
     return Parallel(kernel, functools.partial(_scratch, spline=spline))
+
+
+@helper
+def _start_spline_row(ops, at, first_row, work):
+    """A B-spline row's start: its coefficients (:func:`.spline.fill_row`), and at a plane's first row (or the part's)
+    the plane's sums from zero."""
+    grid = ops.grid
+    plane = at.n * grid.strides[0] + at.d * grid.strides[1] - 2 * grid.strides[4]
+    fill_row(grid.data, plane, grid.strides[2], grid.strides[3], grid.strides[4], ops.matrix, at.h, work.coefficients)
+    if at.h == 0 or first_row:
+        work.plane_sums[:] = 0.0
+
+
+@helper
+def _end_spline_row(ops, geometry, at, last_row, work):
+    """A B-spline row's end: at a plane's last row (or the part's), the plane's sums along w into its (n, d) plane of
+    dT (:func:`.spline.fold_plane`): a plane's rows are one part's, in order."""
+    if at.h == geometry.out_sizes[1] - 1 or last_row:
+        dgrid = ops.dgrid
+        plane = at.n * dgrid.strides[0] + at.d * dgrid.strides[1] - 2 * dgrid.strides[4]
+        fold_plane(
+            dgrid.data,
+            plane,
+            dgrid.strides[2],
+            dgrid.strides[3],
+            dgrid.strides[4],
+            ops.matrix,
+            work.plane_sums,
+            work.row_sums,
+        )
 
 
 @helper
