@@ -297,7 +297,8 @@ def _plans(case: BenchCase, device: str, scale: float) -> dict:
     elif case.baseline == "dense":
         field, kind = field.to(x.dtype), "bspline"
         _, spacing, origin = bspline_grid(case, tuple(grad.shape[2:]))
-        extra = dict(size=tuple(grad.shape[2:]), spacing=spacing, origin=origin)
+        # the step's backward: the control points' gradient alone
+        extra = dict(size=tuple(grad.shape[2:]), spacing=spacing, origin=origin, output_mask=(False, True, False))
     else:
         kind = "displacement" if case.baseline == "plumbing" else "grid"
     attributes = dict(
