@@ -77,3 +77,16 @@ def test_after_a_warm_up_the_first_call_compiles_nothing(tmp_path):
     cleared = _python(site, "-m", "gridsampler3d", "warmup", "--clear").stdout
     assert cleared.startswith(f"removed {sum(listed.values())} cached kernel files")
     assert not any(list(Path(folder).glob("*.nb?")) for folder in listed)
+
+
+def test_every_field_kind_has_a_warm_up_call():
+    """Each kind `--fields` offers runs a forward and a backward of its own kind (float64, whose kernels the rest of
+    the suite compiles anyway)."""
+    import torch
+
+    from gridsampler3d.tools.commands.warmup import FIELDS, _calls
+
+    for field in FIELDS:
+        y, gradients = _calls("float64", "bilinear", "zeros", False, "NCDHW", field)()
+        assert y.shape[:2] == (1, 6) and y.dtype == torch.float64, field
+        assert gradients[0].shape == (1, 6, 4, 5, 6) and all(g is None or torch.isfinite(g).all() for g in gradients)

@@ -27,7 +27,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 MODES = ("bilinear", "nearest", "bicubic")
 PADDINGS = ("zeros", "border", "reflection")
 LAYOUTS = ("NCDHW", "NDHWC")
-FIELDS = ("grid", "displacement", "affine")
+FIELDS = ("grid", "displacement", "affine", "bspline")
 # The tuning constants lowered so that small volumes take the plans of large ones (as tests/conftest.py does).
 _LARGE_PLANS = {
     "PARALLEL_VALUES": 0,
@@ -152,9 +152,15 @@ def _calls(dtype: str, mode: str, padding: str, align_corners: bool, layout: str
             api.warp3d(x, displacement, **common),
             api.warp3d_backward(torch.ones_like(x), x, displacement, **common),
         )
-    theta = (torch.eye(3, 4) * spread + 0.1 * torch.randn(1, 3, 4, generator=generator)).to(dtype)
     grad = torch.randn(1, *out_sizes, channels, generator=generator).to(dtype)
     grad = grad if layout == "NDHWC" else grad.permute(0, 4, 1, 2, 3).contiguous()
+    if field == "bspline":
+        control_points = (torch.randn(1, 3, 4, 5, 4, generator=generator) * spread * 2).to(dtype)
+        return lambda: (
+            api.bspline_warp3d(x, control_points, out_sizes, **common),
+            api.bspline_warp3d_backward(grad, x, control_points, out_sizes, **common),
+        )
+    theta = (torch.eye(3, 4) * spread + 0.1 * torch.randn(1, 3, 4, generator=generator)).to(dtype)
     return lambda: (
         api.affine_warp3d(x, theta, out_sizes, **common),
         api.affine_warp3d_backward(grad, x, theta, out_sizes, **common),
