@@ -7,11 +7,13 @@ Three transforms, as the issue that asked for the fused affine field measured th
 ``RandAffine`` (bilinear, zeros) on a 1 x 128³ image and on 4 images of 96³ one after
 another. Each is timed as MONAI's transform on PyTorch's kernels, the same transform
 under ``gridsampler3d.patched()`` (MONAI builds its grid, this library samples), and
-``gridsampler3d.monai.Affine`` / ``RandAffine`` (MONAI makes the matrix, this library
-samples with no grid tensor), back to back in each repeat, after warm-up; RandAffine's
-three see the same random draws (the same seed before each call). It prints the median
+``gridsampler3d.monai``'s drop-ins (MONAI's transforms, whose grid is not made and whose
+sampling runs on the fused affine field), back to back in each repeat, after warm-up; the
+random transforms' three see the same draws (the same seed before each call). A fourth
+row times the dictionary version on an image and its label (bilinear and nearest). It prints the median
 times and the largest difference between the fused result and MONAI's, relative to the
-image's scale.
+image's scale (for a label, sampled nearest, how many voxels differ: a position within
+float32 rounding of a half voxel may round the other way).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from gridsampler3d import monai as gs_monai
 
 def _cases():
     """(label, MONAI's transform, the fused one, the images, a seed before each call or None)."""
-    from monai.transforms import Affine, RandAffine
+    from monai.transforms import Affine, RandAffine, RandAffined
 
     generator = torch.Generator().manual_seed(0)
     rotate = dict(rotate_params=(0.2, 0.1, -0.15), scale_params=(1.1, 0.95, 1.05), padding_mode="border")
@@ -41,6 +43,7 @@ def _cases():
         translate_range=(5, 5, 5),
         padding_mode="zeros",
     )
+    keyed = dict(keys=["image", "label"], mode=("bilinear", "nearest"))
     mri = [torch.rand(1, 160, 192, 224, generator=generator)]
     cube = [torch.rand(1, 128, 128, 128, generator=generator)]
     batch = [torch.rand(1, 96, 96, 96, generator=generator) for _ in range(4)]
@@ -48,12 +51,19 @@ def _cases():
         (
             "Affine (rotate + scale), bilinear border, 1 x 160 x 192 x 224",
             Affine(**rotate, image_only=True),
-            gs_monai.Affine(**rotate),
+            gs_monai.Affine(**rotate, image_only=True),
             mri,
             None,
         ),
         ("RandAffine, bilinear zeros, 1 x 128^3", RandAffine(**random), gs_monai.RandAffine(**random), cube, 1),
         ("RandAffine, bilinear zeros, 4 x 96^3", RandAffine(**random), gs_monai.RandAffine(**random), batch, 2),
+        (
+            "RandAffined, image (bilinear) + label (nearest), zeros, 1 x 128^3",
+            RandAffined(**keyed, **random),
+            gs_monai.RandAffined(**keyed, **random),
+            [{"image": cube[0], "label": (cube[0] > 0.5).float()}],
+            3,
+        ),
     ]
 
 
@@ -62,7 +72,8 @@ def _run(transform, images, seed):
     if seed is not None:
         transform.set_random_state(seed)
     outputs = [transform(image) for image in images]
-    return [output.as_tensor() if hasattr(output, "as_tensor") else output for output in outputs]
+    pairs = [pair for output in outputs for pair in (output.items() if isinstance(output, dict) else [("", output)])]
+    return [(key, output.as_tensor() if hasattr(output, "as_tensor") else output) for key, output in pairs]
 
 
 def _timed(function) -> tuple[float, list]:
@@ -107,12 +118,18 @@ def main(argv=None) -> int:
                 elapsed, results[name] = _timed(run)
                 times[name].append(elapsed)
         medians = {name: statistics.median(values) for name, values in times.items()}
-        scale = max(float(result.abs().max()) for result in results["torch"])
-        error = max(float((ours - gold).abs().max()) for ours, gold in zip(results["fused"], results["torch"]))
+        pairs = list(zip(results["fused"], results["torch"]))
+        images = [(ours, gold) for (key, ours), (_, gold) in pairs if key != "label"]
+        scale = max(float(gold.abs().max()) for _, gold in images)
+        error = max(float((ours - gold).abs().max()) for ours, gold in images) / scale
+        differing = sum(int((ours != gold).sum()) for (key, ours), (_, gold) in pairs if key == "label")
+        labels = (
+            f"; label: {differing} voxels differ (nearest at a tie)" if any(k == "label" for (k, _), _ in pairs) else ""
+        )
         print(
             f"| {label} | {medians['torch'] * 1e3:.0f} ms | {medians['patched'] * 1e3:.0f} ms | "
             f"{medians['fused'] * 1e3:.0f} ms | {medians['torch'] / medians['patched']:.2f}x | "
-            f"{medians['torch'] / medians['fused']:.2f}x | {error / scale:.1e} |"
+            f"{medians['torch'] / medians['fused']:.2f}x | {error:.1e}{labels} |"
         )
     return 0
 

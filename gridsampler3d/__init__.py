@@ -14,7 +14,8 @@ The names below are the package's public API. The other pages of this reference:
 - `gridsampler3d.precision`: the precision rule (MARE, MERE, RMSE against the float64 golden);
 - `gridsampler3d.cpu.planner`: the CPU engine's plan of a call, as `explain` returns it;
 - `gridsampler3d.bspline`: the B-spline field's basis, control grid and the grids of SimpleITK and deepali;
-- `gridsampler3d.monai`: MONAI's `Affine` and `RandAffine` on the fused affine field;
+- `gridsampler3d.monai`: drop-ins for MONAI's `Affine`, `RandAffine`, `Affined` and `RandAffined` on the fused
+  affine field (it imports MONAI);
 - `gridsampler3d.onnx`: export as ONNX's standard GridSample;
 - `gridsampler3d.tools.golden_kit`: cases with their float64 golden, and the verdict on another
   implementation's outputs.

@@ -1,30 +1,62 @@
-"""MONAI's ``Affine`` and ``RandAffine`` with the sampling fused: MONAI makes the matrix, this library samples.
+"""MONAI's ``Affine``, ``RandAffine``, ``Affined`` and ``RandAffined`` as drop-ins, sampling on the fused affine field.
 
-MONAI's affine transforms build a grid of output coordinates, multiply it by their 4 x 4
-matrix and hand it to ``F.grid_sample``; building that grid costs as much as sampling. Here
-MONAI's own transform (run lazily, so that it makes its matrix and nothing else) gives the
-matrix, :func:`theta_from_monai` turns it into ``F.affine_grid``'s theta, and
-:func:`gridsampler3d.affine_warp` samples with no grid tensor:
+Each class here is MONAI's own transform (a subclass: the same arguments, draws, outputs,
+``MetaTensor`` metadata, ``applied_operations``, ``inverse()``, lazy application and
+dictionary behaviour) in which two parts are replaced:
 
-    from gridsampler3d.monai import Affine, RandAffine
-    rotate = Affine(rotate_params=(0.1, 0.0, 0.2), scale_params=(1.1, 1.0, 0.9), padding_mode="border")
-    output = rotate(image)                                  # image (C, D, H, W), as MONAI's
+- the grid maker (MONAI's ``AffineGrid``, ``RandAffineGrid``, ``RandAffine``'s identity grid)
+  hands over the matrix it would multiply the identity grid by, not the grid
+  (:class:`AffineGridPlan`), so no grid tensor of the output's size is made;
+- the resampler (MONAI's ``Resample``) samples at that matrix with
+  :func:`gridsampler3d.affine_warp` (:func:`theta_from_monai`), in the dtype MONAI would
+  sample in, and returns what MONAI's would (float32, the input's type and metadata).
 
-The results are MONAI's (to float32 rounding: the positions are computed in float64 here),
-for ``normalized=False`` (MONAI's default), both ``align_corners``, and the interpolation
-modes ``F.grid_sample`` takes (and ``"bicubic"``, tricubic, which MONAI's torch path lacks
-in 3-D). The output is a torch tensor (C, *spatial_size) in the input's dtype, without
-MONAI's metadata. MONAI is imported when a transform is made, not with this module.
+Where this library's kernels do not apply, the resampler makes MONAI's grid from the plan
+and runs MONAI's own code: 2-D images, integer (spline order) modes, MONAI's compiled
+backend, an ``align_corners`` the grid and the resampler do not share, or a grid given by
+the caller. Inverses (``inverse()``, ``Invertd``) run MONAI's code as they are.
+
+    from gridsampler3d.monai import RandAffined
+    augment = RandAffined(keys=["image", "label"], mode=("bilinear", "nearest"), prob=1.0,
+                          rotate_range=(0.3, 0.3, 0.3), padding_mode="zeros")
+
+The results are MONAI's to float32 rounding: MONAI builds its grid in float32, this
+library its positions in float64. This module imports MONAI; ``import gridsampler3d``
+does not import this module.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+try:
+    from monai.config import USE_COMPILED
+    from monai.data import MetaTensor
+    from monai.data.meta_obj import get_track_meta
+    from monai.transforms import Affine as _Affine
+    from monai.transforms import Affined as _Affined
+    from monai.transforms import AffineGrid as _AffineGrid
+    from monai.transforms import RandAffine as _RandAffine
+    from monai.transforms import RandAffined as _RandAffined
+    from monai.transforms import RandAffineGrid as _RandAffineGrid
+    from monai.transforms import Resample as _Resample
+    from monai.transforms.utils import create_grid, resolves_modes
+    from monai.utils import (
+        TransformBackends,
+        convert_data_type,
+        convert_to_dst_type,
+        convert_to_tensor,
+        fall_back_tuple,
+        get_equivalent_dtype,
+    )
+except ImportError as error:  # pragma: no cover - the module is MONAI's drop-ins
+    raise ImportError(f"gridsampler3d.monai needs MONAI (pip install monai): {error}") from error
 
 from .affine import theta_from_voxel_matrix
 from .nn import affine_warp
 
-__all__ = ["Affine", "RandAffine", "theta_from_monai"]
+__all__ = ["Affine", "Affined", "AffineGridPlan", "RandAffine", "RandAffined", "theta_from_monai"]
 
 
 def theta_from_monai(affine, in_spatial, out_spatial, align_corners: bool = False) -> torch.Tensor:
@@ -55,134 +87,192 @@ def theta_from_monai(affine, in_spatial, out_spatial, align_corners: bool = Fals
     return theta_from_voxel_matrix(voxel, in_spatial, out_spatial, align_corners)
 
 
-def _sample(image, theta, spatial_size, mode, padding_mode, align_corners) -> torch.Tensor:
-    """image (C, *spatial) sampled at theta (1, 3, 4) into (C, *spatial_size)."""
-    volume = image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
-    output = affine_warp(
-        volume[None],
-        theta.to(device=volume.device, dtype=volume.dtype),
-        spatial_size,
-        mode=mode,
-        padding_mode=padding_mode,
-        align_corners=align_corners,
-    )
-    return output[0]
+# What this library samples: F.grid_sample's torch modes (MONAI's names resolved by resolves_modes).
+_MODES = ("bilinear", "nearest")
+_PADDINGS = ("zeros", "border", "reflection")
 
 
-def _spatial(image) -> tuple:
-    return tuple(image.peek_pending_shape() if hasattr(image, "peek_pending_shape") else image.shape[1:])
+class AffineGridPlan:
+    """The grid MONAI would make, not made: the matrix ``affine`` ((r + 1) x (r + 1), or None for the identity) it
+    would apply to the identity grid of ``spatial_size``, with the grid maker's ``align_corners``, ``dtype`` and
+    ``device``. :meth:`grid` makes it as MONAI would."""
 
+    def __init__(self, affine, spatial_size, align_corners: bool, dtype, device):
+        self.affine, self.spatial_size = affine, tuple(int(size) for size in spatial_size)
+        self.align_corners, self.dtype, self.device = align_corners, dtype, device
 
-class Affine:
-    """``monai.transforms.Affine`` with the sampling fused (see the module's docstring).
-
-    Takes MONAI's ``rotate_params``, ``shear_params``, ``translate_params``, ``scale_params``,
-    ``affine``, ``spatial_size``, ``mode``, ``padding_mode`` (MONAI's default "reflection")
-    and ``align_corners``; ``normalized`` must stay False.
-    """
-
-    def __init__(
-        self,
-        rotate_params=None,
-        shear_params=None,
-        translate_params=None,
-        scale_params=None,
-        affine=None,
-        spatial_size=None,
-        mode: str = "bilinear",
-        padding_mode: str = "reflection",
-        align_corners: bool = False,
-    ):
-        from monai.transforms import Affine as MonaiAffine
-
-        self.monai = MonaiAffine(
-            rotate_params=rotate_params,
-            shear_params=shear_params,
-            translate_params=translate_params,
-            scale_params=scale_params,
-            affine=affine,
-            spatial_size=spatial_size,
-            mode=mode,
-            padding_mode=padding_mode,
-            align_corners=align_corners,
-            lazy=True,
+    def grid(self) -> torch.Tensor:
+        """MONAI's grid (r + 1, *spatial_size): ``create_grid``'s identity, or ``AffineGrid``'s product."""
+        if self.affine is None:
+            return create_grid(spatial_size=self.spatial_size, device=self.device, backend="torch")
+        grid_maker = _AffineGrid(
+            affine=self.affine, align_corners=self.align_corners, dtype=self.dtype, device=self.device
         )
-        self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
+        return grid_maker(self.spatial_size, lazy=False)[0]
 
-    def __call__(self, image, spatial_size=None, mode: str | None = None, padding_mode: str | None = None):
-        """image (C, D, H, W) (a tensor, MetaTensor or array) -> (C, *spatial_size), default the image's size."""
-        from monai.utils import fall_back_tuple
+    def __repr__(self) -> str:
+        return f"AffineGridPlan(spatial_size={self.spatial_size}, align_corners={self.align_corners})"
 
-        in_spatial = _spatial(image)
-        out_spatial = fall_back_tuple(spatial_size or self.monai.spatial_size, in_spatial)
-        _, affine = self.monai.affine_grid(spatial_size=out_spatial, lazy=True)
-        theta = theta_from_monai(affine, in_spatial, out_spatial, self.align_corners)
-        return _sample(
-            image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode, self.align_corners
+
+def _grid_dtype(dtype):
+    """The dtype of the grid, and of the matrix returned with it, that MONAI's ``AffineGrid`` makes for ``dtype``."""
+    return dtype if dtype is not None else torch.float32
+
+
+class _FusedAffineGrid(_AffineGrid):
+    """MONAI's ``AffineGrid`` that returns an :class:`AffineGridPlan` for a 3-D grid it would make from a size."""
+
+    def __call__(self, spatial_size=None, grid=None, lazy=None):
+        lazy_ = self.lazy if lazy is None else lazy
+        if lazy_ or grid is not None or spatial_size is None or len(spatial_size) != 3:
+            return super().__call__(spatial_size, grid, lazy)
+        _, affine = super().__call__(spatial_size, None, lazy=True)
+        returned = convert_to_tensor(
+            affine, device=self.device or torch.device("cpu"), dtype=_grid_dtype(self.dtype), track_meta=False
         )
+        return AffineGridPlan(affine, spatial_size, self.align_corners, self.dtype, self.device), returned
 
 
-class RandAffine:
-    """``monai.transforms.RandAffine`` with the sampling fused: MONAI's own randomisation (the same draws for the
-    same seed, ``set_random_state``), its matrix, this library's sampling.
+class _FusedRandAffineGrid(_RandAffineGrid):
+    """MONAI's ``RandAffineGrid`` that, given an identity :class:`AffineGridPlan`, draws as MONAI's does and returns
+    the plan of its matrix."""
 
-    Takes MONAI's arguments (``prob``, ``rotate_range``, ``shear_range``, ``translate_range``,
-    ``scale_range``, ``spatial_size``, ``mode``, ``padding_mode`` (MONAI's default
-    "reflection"), ``cache_grid`` is ignored); ``align_corners`` is ``F.grid_sample``'s,
-    False as MONAI's resampler.
-    """
-
-    def __init__(
-        self,
-        prob: float = 0.1,
-        rotate_range=None,
-        shear_range=None,
-        translate_range=None,
-        scale_range=None,
-        spatial_size=None,
-        mode: str = "bilinear",
-        padding_mode: str = "reflection",
-        align_corners: bool = False,
-    ):
-        from monai.transforms import RandAffine as MonaiRandAffine
-
-        self.monai = MonaiRandAffine(
-            prob=prob,
-            rotate_range=rotate_range,
-            shear_range=shear_range,
-            translate_range=translate_range,
-            scale_range=scale_range,
-            spatial_size=spatial_size,
-            mode=mode,
-            padding_mode=padding_mode,
-            lazy=True,
-        )
-        self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
-
-    def set_random_state(self, seed=None, state=None) -> RandAffine:
-        """Seed MONAI's random state, as ``monai.transforms.RandAffine.set_random_state``."""
-        self.monai.set_random_state(seed, state)
-        return self
-
-    def __call__(
-        self, image, spatial_size=None, mode: str | None = None, padding_mode: str | None = None, randomize: bool = True
-    ):
-        """image (C, D, H, W) -> (C, *spatial_size): randomised as MONAI's transform would be, then sampled here."""
-        from monai.utils import ensure_tuple, fall_back_tuple
-
+    def __call__(self, spatial_size=None, grid=None, randomize=True, lazy=None):
+        lazy_ = self.lazy if lazy is None else lazy
+        if lazy_ or not isinstance(grid, AffineGridPlan):
+            return super().__call__(spatial_size, grid, randomize, lazy)
+        if grid.affine is not None:  # not an identity: MONAI's own path on the grid itself
+            return super().__call__(spatial_size, grid.grid(), randomize, lazy)
         if randomize:
-            self.monai.randomize()
-        in_spatial = _spatial(image)
-        out_spatial = fall_back_tuple(spatial_size or self.monai.spatial_size, in_spatial)
-        if not self.monai._do_transform and tuple(out_spatial) == ensure_tuple(in_spatial):
-            volume = image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
-            return volume.float() if not volume.is_floating_point() else volume
-        if self.monai._do_transform:
-            self.monai.rand_affine_grid(out_spatial, randomize=randomize, lazy=True)
-            affine = self.monai.rand_affine_grid.get_transformation_matrix()
-        else:
-            affine = torch.eye(4, dtype=torch.float64)
-        theta = theta_from_monai(affine, in_spatial, out_spatial, self.align_corners)
-        return _sample(
-            image, theta, out_spatial, mode or self.mode, padding_mode or self.padding_mode, self.align_corners
+            self.randomize()
+        grid_maker = _AffineGrid(
+            rotate_params=self.rotate_params,
+            shear_params=self.shear_params,
+            translate_params=self.translate_params,
+            scale_params=self.scale_params,
+            device=self.device,
+            dtype=self.dtype,
+            lazy=True,
         )
+        _, affine = grid_maker(grid.spatial_size)
+        self.affine = convert_to_tensor(
+            affine, device=self.device or torch.device("cpu"), dtype=_grid_dtype(self.dtype), track_meta=False
+        )
+        return AffineGridPlan(affine, grid.spatial_size, False, self.dtype, self.device)
+
+
+class _FusedResample(_Resample):
+    """MONAI's ``Resample`` that samples an :class:`AffineGridPlan` with :func:`gridsampler3d.affine_warp` where it
+    can, and MONAI's grid with MONAI's code otherwise."""
+
+    def __call__(self, img, grid=None, mode=None, padding_mode=None, dtype=None, align_corners=None):
+        if not isinstance(grid, AffineGridPlan):
+            return super().__call__(img, grid, mode, padding_mode, dtype, align_corners)
+        img = convert_to_tensor(img, track_meta=get_track_meta())
+        _align_corners = self.align_corners if align_corners is None else align_corners
+        spatial = tuple(img.peek_pending_shape() if isinstance(img, MetaTensor) else img.shape[1:])
+        backend, interpolation, padding, _ = resolves_modes(
+            self.mode if mode is None else mode,
+            self.padding_mode if padding_mode is None else padding_mode,
+            backend=None,
+            use_compiled=USE_COMPILED,
+        )
+        fused = (
+            backend == TransformBackends.TORCH
+            and not USE_COMPILED
+            and self.norm_coords
+            and len(spatial) == 3
+            and tuple(img.shape[1:]) == spatial  # no pending (lazy) operation
+            and str(interpolation) in _MODES
+            and str(padding) in _PADDINGS
+            and isinstance(_align_corners, bool)
+            and _align_corners == grid.align_corners
+        )
+        if not fused:
+            return super().__call__(img, grid.grid(), mode, padding_mode, dtype, align_corners)
+        _dtype = dtype or self.dtype or img.dtype
+        if (
+            img.dtype == torch.float32
+            and img.device.type == "cpu"
+            and get_equivalent_dtype(_dtype, torch.Tensor) == (torch.float64)
+        ):
+            # The CPU kernels compute in float64 and round a float32 result once: the float64 computation MONAI asks
+            # for, rounded to the float32 MONAI returns, without widening the image first.
+            _dtype = torch.float32
+        image, *_ = convert_data_type(img, torch.Tensor, dtype=_dtype, device=img.device)
+        volume = image.as_tensor() if isinstance(image, MetaTensor) else image
+        affine = torch.eye(4, dtype=torch.float64) if grid.affine is None else grid.affine
+        theta = theta_from_monai(affine, spatial, grid.spatial_size, _align_corners)
+        output = affine_warp(
+            volume[None],
+            theta.to(device=volume.device, dtype=volume.dtype),
+            grid.spatial_size,
+            mode=str(interpolation),
+            padding_mode=str(padding),
+            align_corners=_align_corners,
+        )[0]
+        return convert_to_dst_type(output, dst=img, dtype=np.float32)[0]
+
+
+def _fuse_affine(transform):
+    """MONAI's ``Affine`` ``transform``, its grid maker and resampler replaced (their state is MONAI's own)."""
+    transform.affine_grid.__class__ = _FusedAffineGrid
+    transform.resampler.__class__ = _FusedResample
+    return transform
+
+
+def _fuse_rand_affine(transform):
+    """MONAI's ``RandAffine`` ``transform`` as this module's :class:`RandAffine`."""
+    transform.__class__ = RandAffine
+    transform.rand_affine_grid.__class__ = _FusedRandAffineGrid
+    transform.resampler.__class__ = _FusedResample
+    return transform
+
+
+class Affine(_Affine):
+    """``monai.transforms.Affine``, the same arguments and outputs, sampling on the fused affine field (the module's
+    docstring): image (C, *spatial) -> (C, *spatial_size), a ``MetaTensor`` where MONAI returns one, with
+    ``image_only=False`` (MONAI's default) the pair (image, affine)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _fuse_affine(self)
+
+
+class RandAffine(_RandAffine):
+    """``monai.transforms.RandAffine``: MONAI's draws (``set_random_state``), arguments and outputs, sampling on the
+    fused affine field (the module's docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _fuse_rand_affine(self)
+
+    def get_identity_grid(self, spatial_size, lazy):
+        """MONAI's identity grid of a 3-D ``spatial_size``, as an :class:`AffineGridPlan` (not made); MONAI's own
+        otherwise."""
+        if lazy or len(spatial_size) != 3:
+            return super().get_identity_grid(spatial_size, lazy)
+        if spatial_size != fall_back_tuple(spatial_size, [1] * 3) or spatial_size != fall_back_tuple(
+            spatial_size, [2] * 3
+        ):
+            raise RuntimeError(f"spatial_size should not be dynamic, got {spatial_size}.")
+        return AffineGridPlan(None, spatial_size, False, None, self.rand_affine_grid.device)
+
+
+class Affined(_Affined):
+    """``monai.transforms.Affined`` (the dictionary version: keys, per-key modes, ``allow_missing_keys``, inverse)
+    on this module's :class:`Affine`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.affine.__class__ = Affine
+        _fuse_affine(self.affine)
+
+
+class RandAffined(_RandAffined):
+    """``monai.transforms.RandAffined`` (the dictionary version: one draw for all keys, per-key modes, inverse) on this
+    module's :class:`RandAffine`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _fuse_rand_affine(self.rand_affine)

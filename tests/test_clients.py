@@ -1,5 +1,5 @@
-"""Real clients, unchanged: MONAI's Warp block and kornia's warp_affine3d under ``gridsampler3d.patched()``; and
-MONAI's Affine and RandAffine against their fused versions (``gridsampler3d.monai``).
+"""Real clients, unchanged: MONAI's Warp block and kornia's warp_affine3d under ``gridsampler3d.patched()``
+(``gridsampler3d.monai``'s drop-ins: tests/test_monai.py).
 
 Each pipeline runs twice on the same inputs, on PyTorch's kernels and then patched, forward
 and backward. The patched run must reach this library (both the forward and the backward)
@@ -90,49 +90,3 @@ def test_kornia_warp_affine3d(flags, padding, dtype, calls):
         return transform.warp_affine3d(volume, affine, (5, 8, 6), flags=flags, padding_mode=padding)
 
     _compare(pipeline, (source, matrix), calls, dtype)
-
-
-@pytest.mark.parametrize("align_corners", [False, True])
-@pytest.mark.parametrize("padding", ["border", "zeros", "reflection"])
-def test_monai_affine_fused_gives_monais_result(padding, align_corners):
-    """gridsampler3d.monai.Affine: MONAI's matrix, sampled here with no grid; MONAI's result within 1e-4 of the scale
-    (float32: MONAI builds and scales its grid in float32, the library its positions in float64)."""
-    transforms = pytest.importorskip("monai.transforms")
-    from gridsampler3d import monai as gs_monai
-
-    generator = torch.Generator().manual_seed(2)
-    image = torch.rand(2, 9, 10, 11, generator=generator)
-    parameters = dict(
-        rotate_params=(0.3, -0.2, 0.1),
-        shear_params=(0.05, 0.0, 0.1, 0.0, 0.0, 0.05),
-        translate_params=(1.5, -2.0, 0.5),
-        scale_params=(1.1, 0.9, 1.05),
-        padding_mode=padding,
-        align_corners=align_corners,
-    )
-    for spatial_size in (None, (7, 12, 8)):
-        theirs = transforms.Affine(**parameters, spatial_size=spatial_size, image_only=True)(image)
-        ours = gs_monai.Affine(**parameters, spatial_size=spatial_size)(image)
-        assert ours.shape == theirs.shape
-        assert float((ours - theirs.as_tensor()).abs().max()) <= 1e-4 * float(theirs.abs().max())
-
-
-def test_monai_rand_affine_fused_draws_monais_transform():
-    transforms = pytest.importorskip("monai.transforms")
-    from gridsampler3d import monai as gs_monai
-
-    generator = torch.Generator().manual_seed(3)
-    image = torch.rand(1, 12, 10, 9, generator=generator)
-    parameters = dict(
-        prob=1.0,
-        rotate_range=(0.4, 0.3, 0.2),
-        scale_range=(0.1, 0.1, 0.1),
-        translate_range=(2, 2, 2),
-        padding_mode="zeros",
-    )
-    theirs, ours = transforms.RandAffine(**parameters), gs_monai.RandAffine(**parameters)
-    theirs.set_random_state(5)
-    ours.set_random_state(5)
-    for _ in range(3):  # the same draws, call after call
-        expected, got = theirs(image), ours(image)
-        assert float((got - expected.as_tensor()).abs().max()) <= 1e-4 * float(expected.abs().max())
