@@ -195,10 +195,16 @@ def test_reference_is_the_explicit_path(case):
         _assert_close(ours, theirs, 1e-12, (case, grid_index))
 
 
+@pytest.mark.parametrize("plan", ["split", "serial"])
 @pytest.mark.parametrize("case", NUMBA_MODES, ids=lambda case: "-".join(map(str, case)))
-def test_numba_float64_is_the_reference(case):
+def test_numba_float64_is_the_reference(case, plan, monkeypatch):
     """y and dvolume bit for bit; the control points' and theta's gradients, summed in float64 in the engine's order
-    (row by row, then plane by plane), to 1e-13 of their scale."""
+    (row by row, then plane by plane), to 1e-13 of their scale. Split as large calls are, and serial as small calls
+    run: one part on scratch kept for the thread, which grids of other sizes one after the other must find large
+    enough (row coefficients of Kw + 1, plane sums of Kh + 1 rows of Wo)."""
+    if plan == "serial":
+        monkeypatch.setattr(tuning, "PARALLEL_VALUES", 1 << 40)
+        monkeypatch.setattr(tuning, "SERIAL_ITEM_BYTES", 1 << 40)
     mode, padding, corners, affine = case
     for grid_index in range(len(GRIDS)):
         grad, volume, control, theta, out_size, spacing, origin = _case(grid_index, affine=affine, seed=10 + grid_index)

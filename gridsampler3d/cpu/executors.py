@@ -21,6 +21,7 @@ from .forward import forward_kernel
 from .planner import DxPass, GridPass, Plan, Strategy
 from .records import Carry, CarryMode, Geometry, Operand, RowRanges, kernel_rule, unnamed
 from .slabs import depth_ranges, plan_slabs, row_parts
+from .spline import coefficient_entries, plane_entries
 
 __all__ = ["BackwardWork", "ForwardWork", "launch", "run_backward", "run_forward"]
 
@@ -121,8 +122,17 @@ def row_step(rows: int) -> int:
 _kept = threading.local()
 
 
-def _kept_scratch(kernel, arguments, channels: int) -> tuple:
-    """One part's scratch for ``kernel``, kept for the calling thread (grown to the most channels asked for).
+def scratch_sizes(geometry: Geometry, matrix: np.ndarray, field: FieldKind) -> tuple[int, int, int]:
+    """What a part's scratch is sized by: the channels and, for a B-spline field, its row's and plane's entries
+    (:func:`.spline.coefficient_entries`, :func:`.spline.plane_entries`)."""
+    if field.spline:
+        return geometry.channels, coefficient_entries(matrix), plane_entries(matrix)
+    return geometry.channels, 0, 0
+
+
+def _kept_scratch(kernel, arguments, sizes: tuple) -> tuple:
+    """One part's scratch for ``kernel``, kept for the calling thread and made anew where a call needs more of any
+    of ``sizes`` (:func:`scratch_sizes`) than it holds.
 
     A small call runs one launch at a time on its own thread, so that the arrays are never
     in use twice at once; allocating them anew (18 arrays) cost more than a small kernel.
@@ -132,13 +142,14 @@ def _kept_scratch(kernel, arguments, channels: int) -> tuple:
     except AttributeError:
         kept = _kept.scratch = {}
     held = kept[kernel.part] if kernel.part in kept else None
-    if held is None or held[0] < channels:
-        held = kept[kernel.part] = (channels, unnamed(kernel.scratch(1, *arguments)))
+    if held is None or any(have < need for have, need in zip(held[0], sizes)):
+        held = kept[kernel.part] = (sizes, unnamed(kernel.scratch(1, *arguments)))
     return held[1]
 
 
-def run_serial(build, arguments, channels: int) -> None:
-    """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags)."""
+def run_serial(build, arguments, sizes: tuple) -> None:
+    """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags); its
+    scratch sized by ``sizes`` (:func:`scratch_sizes`)."""
     try:
         unresolved = _kept.unresolved
     except AttributeError:
@@ -146,7 +157,7 @@ def run_serial(build, arguments, channels: int) -> None:
     plain = unnamed(arguments)  # as :meth:`.jit.Parallel.launch` passes them
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
-        kernel.part(*plain, unresolved, *_kept_scratch(kernel, arguments, channels), 0)
+        kernel.part(*plain, unresolved, *_kept_scratch(kernel, arguments, sizes), 0)
         if not unresolved[0]:
             return
 
@@ -198,7 +209,9 @@ def _forward_bicubic(work: ForwardWork) -> None:
 
 def _forward_serial(work: ForwardWork) -> None:
     run_serial(
-        _forward_kernel(work), (work.x, work.grid, work.matrix, work.y, work.geometry, 1), work.geometry.channels
+        _forward_kernel(work),
+        (work.x, work.grid, work.matrix, work.y, work.geometry, 1),
+        scratch_sizes(work.geometry, work.matrix, work.field),
     )
 
 
@@ -448,7 +461,7 @@ def _backward_serial(work: BackwardWork) -> None:
     run_serial(
         work.kernel,
         (work.operands, work.geometry, _whole(work), _EVERY_ROW, outputs, _NO_CARRY),
-        work.geometry.channels,
+        scratch_sizes(work.geometry, work.operands.matrix, work.field),
     )
 
 
