@@ -122,17 +122,10 @@ def row_step(rows: int) -> int:
 _kept = threading.local()
 
 
-def scratch_sizes(geometry: Geometry, matrix: np.ndarray, field: FieldKind) -> tuple[int, int, int]:
-    """What a part's scratch is sized by: the channels and, for a B-spline field, its row's and plane's entries
-    (:func:`.spline.coefficient_entries`, :func:`.spline.plane_entries`)."""
-    if field.spline:
-        return geometry.channels, coefficient_entries(matrix), plane_entries(matrix)
-    return geometry.channels, 0, 0
-
-
-def _kept_scratch(kernel, arguments, sizes: tuple) -> tuple:
-    """One part's scratch for ``kernel``, kept for the calling thread and made anew where a call needs more of any
-    of ``sizes`` (:func:`scratch_sizes`) than it holds.
+def _kept_scratch(kernel, arguments, channels: int, spline) -> tuple:
+    """One part's scratch for ``kernel``, kept for the calling thread and made anew where a call needs more than it
+    holds: more channels or, for a B-spline field (``spline``, its constants; else None), more row or plane entries
+    (:func:`.spline.coefficient_entries`, :func:`.spline.plane_entries`).
 
     A small call runs one launch at a time on its own thread, so that the arrays are never
     in use twice at once; allocating them anew (18 arrays) cost more than a small kernel.
@@ -141,15 +134,16 @@ def _kept_scratch(kernel, arguments, sizes: tuple) -> tuple:
         kept = _kept.scratch
     except AttributeError:
         kept = _kept.scratch = {}
+    sizes = (channels, 0, 0) if spline is None else (channels, coefficient_entries(spline), plane_entries(spline))
     held = kept[kernel.part] if kernel.part in kept else None
-    if held is None or any(have < need for have, need in zip(held[0], sizes)):
+    if held is None or held[0][0] < sizes[0] or held[0][1] < sizes[1] or held[0][2] < sizes[2]:
         held = kept[kernel.part] = (sizes, unnamed(kernel.scratch(1, *arguments)))
     return held[1]
 
 
-def run_serial(build, arguments, sizes: tuple) -> None:
+def run_serial(build, arguments, channels: int, spline=None) -> None:
     """``build(False)``'s one part with ``arguments`` on the calling thread (``build(True)``'s where it flags); its
-    scratch sized by ``sizes`` (:func:`scratch_sizes`)."""
+    scratch sized for ``channels`` and, for a B-spline field, its constants ``spline`` (:func:`_kept_scratch`)."""
     try:
         unresolved = _kept.unresolved
     except AttributeError:
@@ -157,7 +151,7 @@ def run_serial(build, arguments, sizes: tuple) -> None:
     plain = unnamed(arguments)  # as :meth:`.jit.Parallel.launch` passes them
     for exact_remainder in (False, True):
         kernel = build(exact_remainder)
-        kernel.part(*plain, unresolved, *_kept_scratch(kernel, arguments, sizes), 0)
+        kernel.part(*plain, unresolved, *_kept_scratch(kernel, arguments, channels, spline), 0)
         if not unresolved[0]:
             return
 
@@ -211,7 +205,8 @@ def _forward_serial(work: ForwardWork) -> None:
     run_serial(
         _forward_kernel(work),
         (work.x, work.grid, work.matrix, work.y, work.geometry, 1),
-        scratch_sizes(work.geometry, work.matrix, work.field),
+        work.geometry.channels,
+        work.matrix if work.field.spline else None,
     )
 
 
@@ -461,7 +456,8 @@ def _backward_serial(work: BackwardWork) -> None:
     run_serial(
         work.kernel,
         (work.operands, work.geometry, _whole(work), _EVERY_ROW, outputs, _NO_CARRY),
-        scratch_sizes(work.geometry, work.operands.matrix, work.field),
+        work.geometry.channels,
+        work.operands.matrix if work.field.spline else None,
     )
 
 
