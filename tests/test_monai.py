@@ -171,3 +171,26 @@ def test_the_drop_ins_are_monais_classes_and_pickle():
     finally:
         type(transform.resampler).__call__ = original
     assert seen == ["AffineGridPlan"]
+
+
+@pytest.mark.parametrize("how", ["Compose.inverse", "Invertd"])
+def test_pipelines_invert_through_monais_machinery(how):
+    """A Compose of RandAffined on an image and its label, inverted by Compose.inverse and by Invertd (which find
+    the drop-in as an InvertibleTransform and match its recorded operations): MONAI's result."""
+
+    def run(module):
+        image = _image(channels=1, size=(12, 10, 11), seed=4)
+        label = MetaTensor((image.as_tensor() > 0.5).float())
+        options = dict(keys=["image", "label"], mode=("bilinear", "nearest"), prob=1.0, rotate_range=(0.3,) * 3)
+        pipeline = transforms.Compose([module.RandAffined(**options, padding_mode="zeros")])
+        pipeline.set_random_state(7)
+        out = pipeline({"image": image, "label": label})
+        if how == "Compose.inverse":
+            return pipeline.inverse(out)["image"]
+        prediction = MetaTensor(
+            out["image"].as_tensor().clone(), meta=out["image"].meta, applied_operations=out["image"].applied_operations
+        )
+        invert = transforms.Invertd(keys="pred", transform=pipeline, orig_keys="image", nearest_interp=False)
+        return invert({**out, "pred": prediction})["pred"]
+
+    assert_same_output(run(gs_monai), run(transforms), how)
