@@ -206,7 +206,6 @@ def _bench_affine_case(case: BenchCase, device: str, repeats: int, scale: float)
     displacement = None
     if case.grid_kind == "theta+displacement":
         displacement = build_inputs(dataclasses.replace(case, grid_kind="displacement"), device, scale)[0][2]
-    fixed = grad  # a fixed image of the output's shape
 
     def explicit(v, t, d):
         grid = affine.explicit_grid(t, size, case.align_corners, tuple(v.shape[2:]), d)
@@ -217,24 +216,33 @@ def _bench_affine_case(case: BenchCase, device: str, repeats: int, scale: float)
             v, t, size, displacement=d, mode=case.mode, padding_mode=case.padding, align_corners=case.align_corners
         )
 
-    leaves = [theta.clone().requires_grad_()] + (
-        [] if displacement is None else [displacement.clone().requires_grad_()]
+    theta_leaf = theta.clone().requires_grad_()
+    displacement_leaf = None if displacement is None else displacement.clone().requires_grad_()
+    return _time_field(
+        case, device, repeats, (explicit, fused), volume, (theta, displacement), (theta_leaf, displacement_leaf), grad
     )
+
+
+def _time_field(case, device, repeats, methods, volume, fields, leaves, fixed) -> dict:
+    """A fused field against its explicit path, ``methods`` (explicit, fused), each called as ``method(volume,
+    *field)``: the forward on ``fields`` (no gradient), and a registration step on ``leaves``: the MSE to the
+    fixed image ``fixed``, its gradient to each leaf that is not None; the step's peak memory on the CPU."""
+    wanted = [leaf for leaf in leaves if leaf is not None]
 
     def step(function):
         def run():
-            output = function(volume, leaves[0], leaves[1] if len(leaves) > 1 else None)
-            return torch.autograd.grad(torch.nn.functional.mse_loss(output, fixed), leaves)
+            return torch.autograd.grad(torch.nn.functional.mse_loss(function(volume, *leaves), fixed), wanted)
 
         return run
 
     def forward(function):
         def run():
             with torch.no_grad():
-                return function(volume, theta, displacement)
+                return function(volume, *fields)
 
         return run
 
+    explicit, fused = methods
     result = {"case": case.describe(), "in_size": volume.shape[2]}
     for stage, make in (("forward", forward), ("step", step)):
         torch_time = time_call(make(explicit), device, repeats=repeats)
@@ -257,35 +265,12 @@ def _bench_bspline_case(case: BenchCase, device: str, repeats: int, scale: float
     if device != "cpu":
         dense.bases = [basis.to(device) for basis in dense.bases]
         dense.identity, dense.scale, dense.shift = (t.to(device) for t in (dense.identity, dense.scale, dense.shift))
-    fixed = grad  # a fixed image of the output's shape
 
     def fused(v, c):
         return bspline_warp(v, c, size, spacing=spacing, origin=origin, **sampling)
 
     leaf = control_points.clone().requires_grad_()
-
-    def step(function):
-        def run():
-            return torch.autograd.grad(torch.nn.functional.mse_loss(function(volume, leaf), fixed), leaf)
-
-        return run
-
-    def forward(function):
-        def run():
-            with torch.no_grad():
-                return function(volume, control_points)
-
-        return run
-
-    result = {"case": case.describe(), "in_size": volume.shape[2]}
-    for stage, make in (("forward", forward), ("step", step)):
-        torch_time = time_call(make(dense), device, repeats=repeats)
-        our_time = time_call(make(fused), device, repeats=repeats)
-        result[stage] = {"torch": torch_time, "ours": our_time, "ratio": torch_time["median_s"] / our_time["median_s"]}
-    result["backward"] = result["step"]
-    if device == "cpu":
-        result["step"]["peak_bytes"] = {"torch": peak_memory(step(dense)), "ours": peak_memory(step(fused))}
-    return result
+    return _time_field(case, device, repeats, (dense, fused), volume, (control_points,), (leaf,), grad)
 
 
 def _plans(case: BenchCase, device: str, scale: float) -> dict:
